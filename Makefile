@@ -1,0 +1,60 @@
+# hvdtrain: every command the README gives is a target here.
+#   make install   .venv with the pinned stack and a Horovod built for it (cached wheel after the first build)
+#   make demo      install, then train MNIST-format digits on 2 Horovod workers
+#   make test      install, then run the test suite
+# GPU hosts: TORCH_SPEC / TORCH_INDEX / MXNET_SPEC choose the framework builds,
+#   e.g. make install TORCH_INDEX=https://<your torch wheel index>/cu121 MXNET_SPEC=mxnet-cu112==1.9.1 HOROVOD_GPU_OPERATIONS=NCCL
+
+PYTHON      ?= python3.11
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+CONSTRAINTS := scripts/constraints.txt
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+MXNET_SPEC  ?= mxnet==1.9.1
+GLUONCV_SPEC ?= gluoncv==0.10.5.post0
+NP          ?= 2
+DATA        ?= data/digits
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
+
+export HOROVOD_GPU_OPERATIONS
+
+.PHONY: install deps horovod demo demo-mxnet test test-unit data doctor clean
+
+install: deps horovod
+
+deps: $(VENV)/.deps-stamp
+
+$(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" "$(MXNET_SPEC)" "$(GLUONCV_SPEC)" \
+		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test]"
+	@touch $@
+
+horovod: deps
+	bash scripts/build_horovod.sh $(PY)
+
+$(DATA)/train-images-idx3-ubyte: | deps
+	$(PY) scripts/make_digits_mnist.py $(DATA)
+
+data: $(DATA)/train-images-idx3-ubyte
+
+demo: install data
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe mnist --framework torch \
+		--data-dir $(DATA) --output-dir runs/demo-torch --resume never
+
+demo-mxnet: install data
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe mnist --framework mxnet \
+		--data-dir $(DATA) --output-dir runs/demo-mxnet --resume never
+
+test: install
+	$(PY) -m pytest -q
+
+test-unit: deps
+	$(PY) -m pytest -q tests/unit
+
+doctor: install
+	$(PY) -m hvdtrain doctor
+
+clean:
+	rm -rf runs build *.egg-info

@@ -1,0 +1,118 @@
+"""The Backend contract: everything the Trainer needs from a framework plus Horovod, and nothing recipe-specific.
+
+Both backends implement it with the same behaviour, so the Trainer loop reads the same on PyTorch and MXNet:
+
+- ``init(cfg)``: hvd.init(); the device pinned by local rank (CPU threads = cores / ranks on the host otherwise).
+- ``setup(model, cfg)``: optimizer, Horovod's distributed optimizer (compression, accumulation, predivide), and
+  parameters plus optimizer state broadcast from rank 0.
+- ``train_step(micro_batches)``: forward/backward over ``accumulate`` micro-batches, one allreduce, one optimizer
+  step; returns backend-native scalars (summed by the Trainer without a device synchronisation).
+- ``eval_step(batch)``: sums (loss, correct, count) for one batch.
+- ``allreduce_sum`` / ``allreduce_mean``: metrics across ranks, returned as floats.
+- ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled).
+- ``set_lr``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
+- ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+
+def cpu_threads_per_rank(local_size: int, requested: int = 0) -> int:
+    """CPU threads for one rank: the cores this process may use divided by the ranks on this host.
+
+    Every rank defaulting to all cores oversubscribes the CPU (horovod#2804: 3x slower).
+    """
+    if requested > 0:
+        return requested
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_size))
+
+
+class Backend(abc.ABC):
+    """Base class of the framework backends. Subclasses fill in the framework-specific methods below."""
+
+    name: str = ""
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    device: Any = None
+    threads: int = 1
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def init(self, cfg) -> None:
+        ...
+
+    @abc.abstractmethod
+    def setup(self, model: Any, cfg) -> None:
+        ...
+
+    def shutdown(self) -> None:
+        """Release Horovod's background thread; safe to call twice."""
+
+    # --- steps -----------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+        ...
+
+    @abc.abstractmethod
+    def eval_step(self, batch: Any) -> Dict[str, Any]:
+        ...
+
+    @abc.abstractmethod
+    def set_lr(self, lr: float) -> None:
+        ...
+
+    @abc.abstractmethod
+    def seed(self, seed: int) -> None:
+        ...
+
+    # --- data ------------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
+               num_workers: int = 0) -> Iterator[Any]:
+        ...
+
+    # --- collectives -----------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+        ...
+
+    def allreduce_mean(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+        summed = self.allreduce_sum(metrics)
+        return {k: v / self.size for k, v in summed.items()}
+
+    @abc.abstractmethod
+    def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
+        ...
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        """A JSON-able value from ``root`` to every rank (other ranks pass anything, e.g. None)."""
+        data = json.dumps(obj).encode() if self.rank == root else None
+        return json.loads(self.broadcast_bytes(data, root).decode())
+
+    # --- state -----------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def state_dict(self) -> Dict[str, Any]:
+        ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        ...
+
+    @abc.abstractmethod
+    def broadcast_state(self) -> None:
+        """Make every rank's model and optimizer state equal to rank 0's."""
+        ...
+
+    def parameters_numpy(self) -> Dict[str, Any]:
+        """Model parameters as numpy arrays by name (for checks and tests)."""
+        return self.state_dict()["model"]

@@ -1,0 +1,212 @@
+"""PyTorch + horovod.torch backend."""
+from __future__ import annotations
+
+import contextlib
+import random
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data import ArrayDataset, Synthetic, array_batches
+from .base import Backend, cpu_threads_per_rank
+
+_AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _to_numpy(obj: Any) -> Any:
+    """Tensors inside nested containers to numpy (bf16, which numpy lacks, as float32)."""
+    if torch.is_tensor(obj):
+        t = obj.detach().cpu()
+        return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+    if isinstance(obj, dict):
+        return {k: _to_numpy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_numpy(v) for v in obj)
+    return obj
+
+
+def _to_torch(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj.copy())
+    if isinstance(obj, dict):
+        return {k: _to_torch(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_torch(v) for v in obj)
+    return obj
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self):
+        self.hvd = None
+        self.model = None
+        self.optimizer = None
+        self.scaler = None
+        self.loss_fn = None
+        self.amp_dtype = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+    def init(self, cfg) -> None:
+        import horovod.torch as hvd
+        self.hvd = hvd
+        # Horovod: start the background thread and join the job (rank, size, local rank from the launcher).
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if torch.cuda.is_available():
+            # Horovod: one GPU per process, chosen by local rank.
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        # Horovod: ranks on one host share its cores; all-cores-each oversubscribes them (horovod#2804).
+        self.threads = cpu_threads_per_rank(self.local_size, cfg.threads)
+        torch.set_num_threads(self.threads)
+        self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
+
+    def setup(self, model: Any, cfg, loss_fn=None) -> None:
+        hvd = self.hvd
+        self.model = model.to(self.device)
+        self.loss_fn = loss_fn or F.cross_entropy
+        self.accumulate = cfg.accumulate
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.optimizer == "sgd":
+            opt = torch.optim.SGD(params, lr=cfg.base_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                                  weight_decay=cfg.weight_decay)
+        else:
+            opt = torch.optim.Adam(params, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
+        # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background thread);
+        # accumulation sums `accumulate` backward passes locally before one allreduce.
+        self.optimizer = hvd.DistributedOptimizer(
+            opt, named_parameters=[(n, p) for n, p in self.model.named_parameters() if p.requires_grad],
+            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            backward_passes_per_step=cfg.accumulate,
+            op=hvd.Adasum if cfg.adasum else hvd.Average,
+            gradient_predivide_factor=cfg.predivide)
+        if cfg.precision == "fp16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.broadcast_state()
+
+    def broadcast_state(self) -> None:
+        # Horovod: every rank starts from rank 0's weights, buffers and optimizer state (momentum, step counts).
+        self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self.scaler is not None:
+            # Horovod: the loss scale too, so every rank unscales by the same factor.
+            self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict() if self.rank == 0 else None))
+
+    def shutdown(self) -> None:
+        if self.hvd is not None and self.hvd.is_initialized():
+            self.hvd.shutdown()
+
+    # --- steps -----------------------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+        self.model.train()
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for x, y in micro_batches:
+            with self._autocast():
+                # The mean over n micro-batches: accumulation equals one batch n times larger.
+                loss = self.loss_fn(self.model(x), y) / n
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            total += loss.detach().float()
+        if self.scaler is not None:
+            # Horovod: finish the allreduce before unscaling, then step without a second synchronize
+            # (horovod#1089, #3160). Gradients are identical on every rank after the allreduce, so an inf/NaN
+            # makes every rank skip the step together.
+            self.optimizer.synchronize()
+            self.scaler.unscale_(self.optimizer)
+            with self.optimizer.skip_synchronize():
+                self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": total}
+
+    @torch.no_grad()
+    def eval_step(self, batch: Any) -> Dict[str, Any]:
+        self.model.eval()
+        x, y = batch
+        with self._autocast():
+            logits = self.model(x)
+        logits = logits.float()
+        out = {"loss_sum": F.cross_entropy(logits, y, reduction="sum"),
+               "correct": (logits.argmax(dim=1) == y).sum(),
+               "count": torch.tensor(float(y.numel()), device=self.device)}
+        if logits.shape[1] >= 5:
+            top5 = logits.topk(5, dim=1).indices
+            out["correct5"] = (top5 == y[:, None]).any(dim=1).sum()
+        return out
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2 ** 32)
+        torch.manual_seed(seed)
+
+    # --- data ------------------------------------------------------------------------------------------------------
+    def _to_device(self, batch):
+        x, y = batch
+        x = torch.as_tensor(x).to(self.device, non_blocking=True)
+        y = torch.as_tensor(y).to(self.device, non_blocking=True).long()
+        return x, y
+
+    def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
+               num_workers: int = 0) -> Iterator[Any]:
+        if isinstance(dataset, Synthetic):
+            x = torch.randn((batch_size,) + dataset.shape, device=self.device)
+            y = torch.randint(0, dataset.num_classes, (batch_size,), device=self.device)
+            return ((x, y) for _ in range(len(sampler) // batch_size))
+        if isinstance(dataset, ArrayDataset):
+            return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
+                                             num_workers=num_workers, drop_last=drop_last,
+                                             pin_memory=self.device.type == "cuda",
+                                             persistent_workers=False)
+        return map(self._to_device, loader)
+
+    # --- collectives -----------------------------------------------------------------------------------------------
+    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+        keys = sorted(metrics)
+        values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float64).cpu().reshape(()) for k in keys])
+        # Horovod: one fused collective for all metrics, so every rank reports the same numbers.
+        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name="hvdtrain.metrics." + ".".join(keys))
+        return dict(zip(keys, summed.tolist()))
+
+    def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
+        hvd = self.hvd
+        # Horovod: size first, then the payload, as a uint8 tensor (JSON text; nothing is unpickled).
+        length = torch.tensor([len(data) if self.rank == root else 0], dtype=torch.int64)
+        length = int(hvd.broadcast(length, root_rank=root, name="hvdtrain.bcast.len").item())
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == root
+               else torch.zeros(length, dtype=torch.uint8))
+        return bytes(hvd.broadcast(buf, root_rank=root, name="hvdtrain.bcast.data").numpy().tobytes())
+
+    # --- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        state = {"model": _to_numpy(self.model.state_dict()),
+                 "optimizer": _to_numpy(self.optimizer.state_dict())}
+        if self.scaler is not None:
+            state["scaler"] = _to_numpy(self.scaler.state_dict())
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.model.load_state_dict(_to_torch(state["model"]))
+        self.optimizer.load_state_dict(_to_torch(state["optimizer"]))
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,132 @@
+"""Callbacks observe training; they never change its state. The Trainer gives them to rank 0 only.
+
+Every record a callback sees has already been averaged across ranks by the Trainer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+
+class Callback:
+    """Hooks called by the Trainer on rank 0. ``record`` is one epoch's metrics (see metrics.jsonl)."""
+
+    def on_train_start(self, trainer, start_epoch: int) -> None:
+        pass
+
+    def on_epoch_start(self, trainer, epoch: int, steps: int) -> None:
+        pass
+
+    def on_step_end(self, trainer, epoch: int, step_in_epoch: int, global_step: int, lr: float) -> None:
+        pass
+
+    def on_log(self, trainer, global_step: int, metrics: Dict[str, float]) -> None:
+        pass
+
+    def on_epoch_end(self, trainer, record: Dict[str, Any]) -> None:
+        pass
+
+    def on_train_end(self, trainer, last: Optional[Dict[str, Any]]) -> None:
+        pass
+
+
+def format_record(r: Dict[str, Any], epochs: int) -> str:
+    parts = [f"epoch {r['epoch']}/{epochs}", f"train_loss {r['train_loss']:.4f}"]
+    if r.get("val_loss") is not None:
+        parts += [f"val_loss {r['val_loss']:.4f}", f"val_acc {100 * r['val_accuracy']:.2f}%"]
+    if r.get("val_top5") is not None:
+        parts.append(f"top5 {100 * r['val_top5']:.2f}%")
+    parts += [f"{r['images_per_sec']:.0f} img/s", f"{r['epoch_seconds']:.1f}s", f"lr {r['lr']:.4g}"]
+    return "  ".join(parts)
+
+
+class ProgressLogger(Callback):
+    """A tqdm bar per epoch when stderr is a terminal; always one plain line per epoch on stdout."""
+
+    def __init__(self, stream=None, bar: Optional[bool] = None):
+        self.stream = stream or sys.stdout
+        self.bar_enabled = sys.stderr.isatty() if bar is None else bar
+        self.bar = None
+
+    def on_epoch_start(self, trainer, epoch, steps):
+        if self.bar_enabled:
+            from tqdm import tqdm
+            self.bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{trainer.cfg.epochs}", leave=False,
+                            dynamic_ncols=True)
+
+    def on_step_end(self, trainer, epoch, step_in_epoch, global_step, lr):
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def on_log(self, trainer, global_step, metrics):
+        text = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+        else:
+            print(f"step {global_step}  {text}", file=self.stream, flush=True)
+
+    def on_epoch_end(self, trainer, record):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        print(format_record(record, trainer.cfg.epochs), file=self.stream, flush=True)
+
+
+class MetricsFile(Callback):
+    """``metrics.jsonl``: one JSON object per epoch. On resume, records after the resumed epoch are dropped."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_train_start(self, trainer, start_epoch):
+        kept: List[str] = []
+        if start_epoch > 0 and os.path.exists(self.path):
+            with open(self.path) as f:
+                for line in f:
+                    try:
+                        if json.loads(line)["epoch"] <= start_epoch:
+                            kept.append(line if line.endswith("\n") else line + "\n")
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        with open(self.path, "w") as f:
+            f.writelines(kept)
+
+    def on_epoch_end(self, trainer, record):
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class TensorBoard(Callback):
+    """Scalars to ``tensorboard/`` event files, written with the tensorboard package alone (no framework needed)."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self.writer = None
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])
+        self.writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
+
+    def on_train_start(self, trainer, start_epoch):
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        os.makedirs(self.logdir, exist_ok=True)
+        self.writer = EventFileWriter(self.logdir)
+
+    def on_log(self, trainer, global_step, metrics):
+        for k, v in metrics.items():
+            self._scalar(f"step/{k}", v, global_step)
+
+    def on_epoch_end(self, trainer, record):
+        for k, v in record.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
+                self._scalar(f"epoch/{k}", v, record["epoch"])
+        self.writer.flush()
+
+    def on_train_end(self, trainer, last):
+        if self.writer is not None:
+            self.writer.close()

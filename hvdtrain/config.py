@@ -1,0 +1,242 @@
+"""Typed configuration: dataclasses whose fields become ``--kebab-case`` flags.
+
+Each field carries its help text as a docstring written under it; :func:`field_docs` reads those from the source.
+Values given on the command line are checked against the field's type, and :meth:`TrainConfig.validate` checks
+ranges, so a bad flag ends in one line that names the flag to fix (:class:`ConfigError`, exit status 2).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import os
+import textwrap
+import typing
+from dataclasses import dataclass
+from typing import Literal, Tuple
+
+
+class ConfigError(ValueError):
+    """A user error in flags, config or data paths: printed as one line, exit status 2."""
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class TrainConfig:
+    """Settings shared by every recipe. Batch size and learning rate are per worker; see ``effective_lr``."""
+
+    framework: Literal["torch", "mxnet"] = "torch"
+    """Deep learning framework of the backend: torch or mxnet."""
+    epochs: int = 5
+    """Number of passes over the training set."""
+    batch_size: int = 64
+    """Samples per worker per step; the global batch is batch_size x world size x accumulate."""
+    eval_batch_size: int = 0
+    """Samples per worker per evaluation step (0: twice --batch-size)."""
+    base_lr: float = 0.01
+    """Learning rate for one worker and one micro-batch; scaled by world size x accumulate after warmup."""
+    lr_mode: Literal["step", "cosine", "poly", "constant"] = "step"
+    """Decay after warmup: step (x --lr-decay at each milestone), cosine, poly or constant."""
+    lr_milestones: Tuple[int, ...] = ()
+    """Epochs at which step decay multiplies the learning rate by --lr-decay, e.g. 30,60,80."""
+    lr_decay: float = 0.1
+    """Factor applied at each step-decay milestone."""
+    lr_power: float = 2.0
+    """Exponent of poly decay."""
+    warmup_epochs: float = 0.0
+    """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    """Optimizer: sgd (with --momentum, --nesterov) or adam."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    nesterov: bool = False
+    """Use Nesterov momentum with SGD."""
+    weight_decay: float = 0.0
+    """L2 weight decay."""
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """Numerical precision of the forward and backward pass."""
+    fp16_allreduce: bool = False
+    """Compress gradients to fp16 for the allreduce (Horovod's Compression.fp16)."""
+    accumulate: int = 1
+    """Micro-batches whose gradients are summed locally before one allreduce and one optimizer step."""
+    adasum: bool = False
+    """Combine gradients with Horovod's Adasum instead of averaging (PyTorch only)."""
+    predivide: float = 1.0
+    """Gradient predivide factor: divide by this before the allreduce and by size/this after."""
+    data_dir: str = ""
+    """Directory of the dataset (the recipe says which files it needs)."""
+    synthetic: bool = False
+    """Train on random tensors generated on the device, to measure the training step alone."""
+    num_workers: int = 0
+    """Data loader worker processes per rank (0: load in the training process)."""
+    output_dir: str = ""
+    """Where rank 0 writes config.json, metrics.jsonl, checkpoints/ and tensorboard/ (default runs/RECIPE-FRAMEWORK)."""
+    resume: str = "auto"
+    """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path."""
+    keep_checkpoints: int = 3
+    """How many of the newest checkpoints to keep."""
+    max_steps: int = 0
+    """Stop after this many optimizer steps in total (0: no limit); for smoke tests and benchmarks."""
+    seed: int = 42
+    """Random seed; each rank derives its own from it, the epoch and its rank."""
+    log_every: int = 0
+    """Also log train loss every N steps (0: once per epoch)."""
+    threads: int = 0
+    """CPU threads per rank (0: the cores available divided by the ranks on this host)."""
+
+    def validate(self) -> None:
+        """Range checks that types cannot express; raise ConfigError naming the flag."""
+        positive = ("epochs", "batch_size", "accumulate", "keep_checkpoints")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag(name)} must be 0 or more, got {getattr(self, name)}")
+        if self.base_lr <= 0:
+            raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
+        if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
+            raise ConfigError(f"--warmup-epochs must be between 0 and --epochs ({self.epochs}), got {self.warmup_epochs}")
+        if self.predivide <= 0:
+            raise ConfigError(f"--predivide must be positive, got {self.predivide}")
+        if not 0 < self.lr_decay <= 1:
+            raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
+        if list(self.lr_milestones) != sorted(self.lr_milestones):
+            raise ConfigError(f"--lr-milestones must be increasing, got {','.join(map(str, self.lr_milestones))}")
+        if self.adasum and self.predivide != 1.0:
+            raise ConfigError("--predivide cannot be combined with --adasum")
+        if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
+            raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+# --- parsing ------------------------------------------------------------------------------------------------------
+
+def field_docs(cls: type) -> dict:
+    """Docstrings written under dataclass fields, for this class and its bases."""
+    docs: dict = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _describe(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if origin in (tuple, Tuple):
+        return "comma-separated " + _describe(typing.get_args(tp)[0]) + "s"
+    if origin is typing.Union:
+        return _describe(next(a for a in typing.get_args(tp) if a is not type(None)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def convert(name: str, tp, raw: str):
+    """Convert a command-line string to the field type ``tp``; ConfigError names the flag on failure."""
+    origin = typing.get_origin(tp)
+    try:
+        if origin is typing.Union:  # Optional[X]
+            inner = next(a for a in typing.get_args(tp) if a is not type(None))
+            return None if raw.lower() in ("", "none") else convert(name, inner, raw)
+        if origin is Literal:
+            choices = typing.get_args(tp)
+            if raw not in choices:
+                raise ValueError
+            return raw
+        if origin in (tuple, Tuple):
+            inner = typing.get_args(tp)[0]
+            return tuple(convert(name, inner, p.strip()) for p in raw.split(",") if p.strip())
+        if tp is bool:
+            low = raw.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            return int(raw)
+        if tp is float:
+            return float(raw)
+        return str(raw)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, StopIteration):
+        raise ConfigError(f"{flag(name)} expects {_describe(tp)}, got {raw!r}") from None
+
+
+def parse_overrides(cls: type, argv: list, base=None):
+    """Build ``cls`` from ``--key value`` / ``--flag`` / ``--no-flag`` arguments, checked against field types."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = dataclasses.asdict(base) if base is not None else {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"unexpected argument {arg!r}: options are written --name value")
+        key, _, inline = arg[2:].partition("=")
+        name = key.replace("-", "_")
+        negated = False
+        if name not in fields and name.startswith("no_") and name[3:] in fields and hints[name[3:]] is bool:
+            name, negated = name[3:], True
+        if name not in fields:
+            close = [flag(n) for n in fields if n.startswith(name[:4])][:3]
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(f"unknown option {flag(key)}{hint}; 'python -m hvdtrain recipe NAME --help' lists them")
+        tp = hints[name]
+        if tp is bool and not inline:
+            value = not negated
+            i += 1
+        else:
+            if inline:
+                raw = inline
+                i += 1
+            else:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"{flag(name)} expects {_describe(tp)} after it")
+                raw = argv[i + 1]
+                i += 2
+            value = convert(name, tp, raw)
+        values[name] = value
+    try:
+        return cls(**values)
+    except TypeError as e:  # a required field without default
+        raise ConfigError(str(e)) from None
+
+
+def help_text(cls: type, recipe: str) -> str:
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    lines = [f"usage: python -m hvdtrain recipe {recipe} [--option value ...]", "", "options:"]
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if tp is bool:
+            name = f"{flag(f.name)} / --no-{f.name.replace('_', '-')}"
+        else:
+            name = f"{flag(f.name)} {f.name.upper()}"
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        lines.append(f"  {name}")
+        lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}; default: {shown!r}]")
+    return "\n".join(lines)
+
+
+__all__ = ["ConfigError", "TrainConfig", "parse_overrides", "help_text", "field_docs", "flag"]

@@ -1,0 +1,87 @@
+"""Framework-free data plumbing shared by both backends: index sharding and in-memory array datasets.
+
+Horovod deadlocks when ranks run different numbers of steps (horovod#708, #832), so the training sampler pads the
+index list to a multiple of the world size (as torch's DistributedSampler does): every rank gets exactly
+``ceil(n / size)`` indices and therefore the same number of batches. Evaluation shards are not padded — each rank
+evaluates a disjoint part and the sums are allreduced once, so no sample is counted twice.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator, Sequence, Tuple
+
+import numpy as np
+
+
+class ShardSampler:
+    """This rank's share of ``range(n)``: shuffled per epoch from a seed every rank knows, then split by rank.
+
+    Works as the ``sampler`` of a torch DataLoader and of a Gluon DataLoader alike.
+    """
+
+    def __init__(self, n: int, rank: int, size: int, shuffle: bool = True, seed: int = 0, pad: bool = True):
+        if n <= 0:
+            raise ValueError("cannot shard an empty dataset")
+        self.n, self.rank, self.size = n, rank, size
+        self.shuffle, self.seed, self.pad = shuffle, seed, pad
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch``: the same permutation on every rank, a different one each epoch."""
+        self.epoch = epoch
+
+    def indices(self) -> np.ndarray:
+        order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle
+                 else np.arange(self.n))
+        if self.pad:
+            total = math.ceil(self.n / self.size) * self.size
+            if total > self.n:  # repeat from the start, as DistributedSampler does
+                order = np.concatenate([order, np.resize(order, total - self.n)])
+        return order[self.rank::self.size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        if self.pad:
+            return math.ceil(self.n / self.size)
+        return len(range(self.rank, self.n, self.size))
+
+
+class ArrayDataset:
+    """Samples held as equally long numpy arrays (e.g. images and labels); indexable by one index or an array."""
+
+    def __init__(self, *arrays: np.ndarray):
+        if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
+            raise ValueError("ArrayDataset needs arrays of equal length")
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index) -> Tuple[np.ndarray, ...]:
+        return tuple(a[index] for a in self.arrays)
+
+
+def array_batches(dataset: ArrayDataset, indices: Sequence[int], batch_size: int,
+                  drop_last: bool) -> Iterator[Tuple[np.ndarray, ...]]:
+    """Batches of an in-memory dataset by fancy indexing: no per-sample Python, no worker processes."""
+    indices = np.asarray(indices)
+    stop = len(indices) - (len(indices) % batch_size if drop_last else 0)
+    for start in range(0, stop, batch_size):
+        yield dataset[indices[start:start + batch_size]]
+
+
+def steps_per_epoch(shard_len: int, batch_size: int) -> int:
+    """Full batches in one rank's shard; the same on every rank because the shards are padded to equal length."""
+    return shard_len // batch_size
+
+
+class Synthetic:
+    """Random samples of a fixed shape, generated once on the device by the backend (``--synthetic``)."""
+
+    def __init__(self, n: int, shape: Tuple[int, ...], num_classes: int):
+        self.n, self.shape, self.num_classes = n, tuple(shape), num_classes
+
+    def __len__(self) -> int:
+        return self.n

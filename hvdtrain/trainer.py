@@ -1,0 +1,260 @@
+"""The training loop. It knows no framework: everything framework- or Horovod-specific is behind ``self.backend``.
+
+A recipe (or a user) subclasses :class:`Trainer` and provides data and a model per framework::
+
+    class MyTrainer(Trainer):
+        name = "mine"
+        def datasets(self):            # framework-free (numpy) data, or datasets_torch / datasets_mxnet
+            return ArrayDataset(x_train, y_train), ArrayDataset(x_val, y_val)
+        def build_torch(self):         # one builder per framework the recipe supports
+            return torch.nn.Sequential(...)
+
+and runs it with ``MyTrainer(MyConfig(...)).fit()`` under ``horovodrun`` (or ``python -m hvdtrain recipe mod:MyTrainer``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import checkpoint, schedule
+from .backends import make_backend
+from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
+from .config import ConfigError, TrainConfig
+from .data import ShardSampler, Synthetic, steps_per_epoch
+
+
+class Trainer:
+    """Data-parallel training with Horovod on the framework chosen by ``cfg.framework``."""
+
+    name: str = "custom"
+    """Recipe name: the default output directory is runs/NAME-FRAMEWORK."""
+    config_class = TrainConfig
+    report_top5: bool = False
+    """Report top-5 accuracy (val_top5) in each epoch's record."""
+    input_shape: Tuple[int, ...] = ()
+    """Shape of one sample, for --synthetic."""
+    num_classes: int = 0
+    """Number of classes, for --synthetic."""
+
+    def __init__(self, cfg: Optional[TrainConfig] = None, callbacks: Optional[List[Callback]] = None, **overrides):
+        cfg = cfg if cfg is not None else self.config_class()
+        if overrides:
+            cfg = dataclasses.replace(cfg, **overrides)
+        if not cfg.output_dir:
+            cfg = dataclasses.replace(cfg, output_dir=os.path.join("runs", f"{self.name}-{cfg.framework}"))
+        cfg.validate()
+        self.cfg = cfg
+        self.extra_callbacks = list(callbacks or [])
+        self.backend = None
+        self.global_step = 0
+
+    # --- what a recipe provides -------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Check inputs (data paths, flag combinations) before Horovod starts; raise ConfigError naming the fix."""
+        if getattr(self, f"build_{self.cfg.framework}", None) is None:
+            raise ConfigError(f"recipe {self.name} has no {self.cfg.framework} model; "
+                              f"choose another --framework")
+
+    def datasets(self) -> Tuple[Any, Any]:
+        """(train, val) datasets for every framework; override, or provide datasets_torch / datasets_mxnet."""
+        raise ConfigError(f"recipe {self.name} provides no datasets")
+
+    # --- the loop ---------------------------------------------------------------------------------------------------
+    def fit(self) -> Optional[Dict[str, Any]]:
+        """Train ``cfg.epochs`` epochs (resuming per ``cfg.resume``); returns the last epoch's record."""
+        cfg = self.cfg
+        self.check()
+        backend = self.backend = make_backend(cfg.framework)
+        backend.init(cfg)
+        is_root = backend.rank == 0
+
+        backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
+        train_set, val_set = self._datasets()
+        backend.setup(self._framework_hook("build")(), cfg)
+        train_sampler = ShardSampler(len(train_set), backend.rank, backend.size, shuffle=True, seed=cfg.seed)
+        val_sampler = (ShardSampler(len(val_set), backend.rank, backend.size, shuffle=False, pad=False)
+                       if val_set is not None else None)
+        steps = steps_per_epoch(len(train_sampler), cfg.batch_size * cfg.accumulate)
+        if steps == 0:
+            raise ConfigError(f"each of the {backend.size} ranks gets {len(train_sampler)} training samples, fewer "
+                              f"than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
+                              f"lower --batch-size or run fewer ranks")
+        start_epoch, self.global_step = self._restore()
+        callbacks = self._callbacks() if is_root else []
+        if is_root:
+            self._announce(steps)
+        for cb in callbacks:
+            cb.on_train_start(self, start_epoch)
+
+        record = None
+        for epoch in range(start_epoch, cfg.epochs):
+            backend.seed(self._rank_seed(epoch))
+            train_sampler.set_epoch(epoch)
+            batches = backend.loader(train_set, train_sampler, cfg.batch_size, drop_last=True,
+                                     num_workers=cfg.num_workers)
+            for cb in callbacks:
+                cb.on_epoch_start(self, epoch, steps)
+            sums: Dict[str, Any] = {}
+            done, start = 0, time.perf_counter()
+            for i in range(steps):
+                lr = self.lr_at(epoch + i / steps)
+                backend.set_lr(lr)
+                out = backend.train_step(self._next_micro_batches(batches))
+                sums = {k: sums.get(k, 0) + v for k, v in out.items()}
+                done += 1
+                self.global_step += 1
+                for cb in callbacks:
+                    cb.on_step_end(self, epoch, i, self.global_step, lr)
+                if cfg.log_every and self.global_step % cfg.log_every == 0:
+                    logged = backend.allreduce_mean({k: v / done for k, v in sums.items()})
+                    for cb in callbacks:
+                        cb.on_log(self, self.global_step, logged)
+                if self._reached_max_steps():
+                    break
+            train = backend.allreduce_mean({k: v / done for k, v in sums.items()})
+            train_seconds = time.perf_counter() - start
+            record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(val_set, val_sampler),
+                      "images_per_sec": done * cfg.batch_size * cfg.accumulate * backend.size / train_seconds,
+                      "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
+                      "framework": backend.name, "global_step": self.global_step}
+            if is_root:
+                self.save_checkpoint(epoch + 1)
+            for cb in callbacks:
+                cb.on_epoch_end(self, record)
+            if self._reached_max_steps():
+                break
+        for cb in callbacks:
+            cb.on_train_end(self, record)
+        return record
+
+    def evaluate(self, val_set, val_sampler) -> Dict[str, Optional[float]]:
+        """Loss and accuracy on the validation set: each rank a disjoint shard, sums allreduced once."""
+        if val_set is None:
+            return {"val_loss": None, "val_accuracy": None}
+        sums: Dict[str, Any] = {"loss_sum": 0.0, "correct": 0.0, "correct5": 0.0, "count": 0.0}
+        batch_size = self.cfg.eval_batch_size or 2 * self.cfg.batch_size
+        for batch in self.backend.loader(val_set, val_sampler, batch_size, drop_last=False,
+                                         num_workers=self.cfg.num_workers):
+            for k, v in self.backend.eval_step(batch).items():
+                sums[k] = sums[k] + v
+        total = self.backend.allreduce_sum(sums)
+        count = max(total["count"], 1.0)
+        out = {"val_loss": total["loss_sum"] / count, "val_accuracy": total["correct"] / count}
+        if self.report_top5:
+            out["val_top5"] = total["correct5"] / count
+        return out
+
+    def lr_at(self, epoch: float) -> float:
+        cfg = self.cfg
+        return schedule.learning_rate(
+            epoch, base_lr=cfg.base_lr, world_size=self.backend.size, accumulate=cfg.accumulate,
+            warmup_epochs=cfg.warmup_epochs, total_epochs=cfg.epochs, mode=cfg.lr_mode,
+            milestones=cfg.lr_milestones, decay=cfg.lr_decay, power=cfg.lr_power)
+
+    # --- checkpoints ------------------------------------------------------------------------------------------------
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.cfg.output_dir, "checkpoints")
+
+    def save_checkpoint(self, epoch: int) -> str:
+        """Rank 0: write the checkpoint for the end of ``epoch`` atomically and keep the newest K."""
+        state = {"trainer": {"epoch": epoch, "global_step": self.global_step, "recipe": self.name,
+                             "framework": self.backend.name, "world_size": self.backend.size,
+                             "config": json.loads(self.cfg.to_json())},
+                 "backend": self.backend.state_dict()}
+        path = checkpoint.save(self.checkpoint_dir, epoch, self.global_step, state)
+        checkpoint.prune(self.checkpoint_dir, self.cfg.keep_checkpoints)
+        return path
+
+    def _restore(self) -> Tuple[int, int]:
+        """Rank 0 picks and loads the checkpoint; every rank learns the outcome, then receives rank 0's state."""
+        info = self._load_on_root() if self.backend.rank == 0 else None
+        # Horovod: every rank takes the same decision (resume or not, and from where), or fails the same way.
+        info = self.backend.broadcast_object(info)
+        if info is None:
+            return 0, 0
+        if "error" in info:
+            raise checkpoint.CheckpointError(info["error"])
+        # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
+        self.backend.broadcast_state()
+        return info["epoch"], info["global_step"]
+
+    def _load_on_root(self) -> Optional[Dict[str, Any]]:
+        cfg = self.cfg
+        removed = checkpoint.clean_temporaries(self.checkpoint_dir)
+        if removed:
+            print(f"hvdtrain: removed {len(removed)} temporary file(s) left by an interrupted checkpoint write",
+                  file=sys.stderr)
+        if cfg.resume == "never":
+            return None
+        path = (checkpoint.latest_valid(self.checkpoint_dir, warn=lambda m: print(f"hvdtrain: warning: {m}",
+                                                                                 file=sys.stderr))
+                if cfg.resume == "auto" else cfg.resume)
+        if path is None:
+            return None
+        try:
+            state = checkpoint.load(path)
+            meta = state["trainer"]
+            if meta["framework"] != self.backend.name or meta["recipe"] != self.name:
+                raise checkpoint.CheckpointError(
+                    f"{path} was written by recipe {meta['recipe']} on {meta['framework']}, not {self.name} on "
+                    f"{self.backend.name}; pass --resume never or another --output-dir")
+            self.backend.load_state_dict(state["backend"])
+        except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
+            return {"error": f"cannot resume from {path}: {e}"}
+        print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
+        return {"epoch": int(meta["epoch"]), "global_step": int(meta["global_step"]), "path": path}
+
+    # --- helpers ----------------------------------------------------------------------------------------------------
+    def _framework_hook(self, prefix: str):
+        hook = getattr(self, f"{prefix}_{self.backend.name}", None)
+        if hook is None:
+            raise ConfigError(f"recipe {self.name} has no {prefix}_{self.backend.name}(); "
+                              f"it does not support --framework {self.backend.name}")
+        return hook
+
+    def _datasets(self):
+        if self.cfg.synthetic:
+            if not self.input_shape or not self.num_classes:
+                raise ConfigError(f"recipe {self.name} does not support --synthetic (no input_shape/num_classes)")
+            n = self.cfg.batch_size * self.cfg.accumulate * self.backend.size * 64
+            return Synthetic(n, self.input_shape, self.num_classes), None
+        hook = getattr(self, f"datasets_{self.backend.name}", None) or self.datasets
+        return hook()
+
+    def _next_micro_batches(self, batches) -> list:
+        try:
+            return [next(batches) for _ in range(self.cfg.accumulate)]
+        except StopIteration:
+            raise RuntimeError("the data loader ran out of batches before the end of the epoch; every rank must "
+                               "run the same number of steps") from None
+
+    def _reached_max_steps(self) -> bool:
+        return bool(self.cfg.max_steps) and self.global_step >= self.cfg.max_steps
+
+    def _rank_seed(self, epoch: int) -> int:
+        """A seed per (seed, epoch, rank): resuming at an epoch boundary replays the same random numbers."""
+        return (self.cfg.seed * 1_000_003 + epoch * 1_009 + self.backend.rank) % (2 ** 31 - 1)
+
+    def _callbacks(self) -> List[Callback]:
+        out = self.cfg.output_dir
+        os.makedirs(out, exist_ok=True)
+        return [ProgressLogger(), MetricsFile(os.path.join(out, "metrics.jsonl")),
+                TensorBoard(os.path.join(out, "tensorboard"))] + self.extra_callbacks
+
+    def _announce(self, steps: int) -> None:
+        cfg, b = self.cfg, self.backend
+        with open(os.path.join(cfg.output_dir, "config.json"), "w") as f:
+            resolved = {**json.loads(cfg.to_json()), "recipe": self.name, "world_size": b.size,
+                        "threads_per_rank": b.threads, "steps_per_epoch": steps,
+                        "global_batch": cfg.batch_size * cfg.accumulate * b.size}
+            json.dump(resolved, f, indent=2, sort_keys=True)
+        target = schedule.scaled_lr(cfg.base_lr, b.size, cfg.accumulate)
+        print(f"hvdtrain: {self.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
+              f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
+              + f" = {cfg.batch_size * cfg.accumulate * b.size}; lr {cfg.base_lr:g} -> {target:g}; "
+              f"{steps} steps/epoch; output {cfg.output_dir}", flush=True)

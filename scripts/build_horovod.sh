@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Build (or reuse) the Horovod wheel for this virtual environment and install it.
+#
+#   scripts/build_horovod.sh PYTHON
+#
+# Horovod 0.28.1 is built from the PyPI sdist against the torch and mxnet already installed in PYTHON's
+# environment (--no-build-isolation), with PyTorch, MXNet, Gloo and, when Open MPI is found, MPI.
+# Two fixes are applied to the unpacked sdist, because 0.28.1 does not build as published against today's tools:
+#   1. CMake >= 4 rejects the bundled Gloo's cmake_minimum_required: we build with cmake < 4 (installed in the venv)
+#      and also export CMAKE_POLICY_VERSION_MINIMUM=3.5 for hosts whose PATH offers a newer cmake first.
+#   2. torch >= 2.1 headers need C++17 while 0.28.1 compiles as C++14 (horovod#3996, fixed upstream by PR #3998,
+#      never released): CMAKE_CXX_STANDARD is set to 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
+#
+# The wheel is cached in ${XDG_CACHE_HOME:-~/.cache}/hvdtrain/horovod/KEY/, where KEY covers everything the binary
+# depends on: Horovod, torch, mxnet and Python versions, the platform, HOROVOD_GPU_OPERATIONS, whether MPI was found
+# (and its version), and this script's own text. A cached wheel is installed only when its recorded sha256 matches and
+# the installed Horovod then reports the frameworks and controllers it was meant to have; otherwise the entry is
+# removed and the wheel rebuilt.
+#
+# Environment: HOROVOD_GPU_OPERATIONS=NCCL (GPU hosts) and other HOROVOD_* build variables pass through to the build.
+# HVDTRAIN_WHEEL_CACHE overrides the cache directory; HVDTRAIN_NO_MPI=1 builds with Gloo only.
+set -euo pipefail
+
+PY=${1:?usage: scripts/build_horovod.sh PYTHON}
+HOROVOD_VERSION=0.28.1
+HERE=$(cd "$(dirname "$0")" && pwd)
+CONSTRAINTS="$HERE/constraints.txt"
+PIP=("$PY" -m pip --disable-pip-version-check)
+log() { echo "[build_horovod] $*" >&2; }
+
+# --- Open MPI ---------------------------------------------------------------------------------------------------
+with_mpi=0
+if [ "${HVDTRAIN_NO_MPI:-0}" != 1 ]; then
+  if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "Open MPI not found: installing openmpi-bin and libopenmpi-dev with apt-get"
+      apt-get update -qq >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
+    else
+      log "Open MPI not found; building Horovod with Gloo only (doctor will report MPI missing)."
+      log "  To add MPI: sudo apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), then make install again."
+    fi
+  fi
+  if command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; then
+    with_mpi=1
+  fi
+fi
+mpi_version=none
+if [ $with_mpi = 1 ]; then
+  mpi_version=$(mpirun --version 2>/dev/null | head -n1 | tr -c 'A-Za-z0-9.\n' '_')
+fi
+
+# --- cache key --------------------------------------------------------------------------------------------------
+versions=$("$PY" - <<'EOF'
+import importlib.metadata as md, platform, sys, sysconfig
+print(md.version("torch"), md.version("mxnet"),
+      "cp%d%d" % sys.version_info[:2], sysconfig.get_platform().replace("-", "_"))
+EOF
+)
+read -r torch_v mxnet_v py_tag plat <<<"$versions"
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
+script_hash=$(sha256sum "$0" | cut -c1-12)
+key="horovod-${HOROVOD_VERSION}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_build-${script_hash}"
+key=$(echo "$key" | tr '+/ ' '___')
+cache_root=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/horovod}
+entry="$cache_root/$key"
+
+expected_frameworks="torch mxnet"
+expected_controllers="gloo"
+[ $with_mpi = 1 ] && expected_controllers="gloo mpi"
+
+verify_installed() {
+  # Ask Horovod's own Python API what it was built with; exit non-zero when anything expected is missing.
+  "$PY" - "$expected_frameworks" "$expected_controllers" <<'EOF'
+import sys
+frameworks, controllers = sys.argv[1].split(), sys.argv[2].split()
+import horovod.torch as ht
+import horovod.mxnet as hm  # noqa: F401  (fails when the MXNet extension is missing)
+built = {"gloo": ht.gloo_built(), "mpi": ht.mpi_built()}
+missing = [c for c in controllers if not built[c]]
+if missing:
+    sys.exit("Horovod lacks: " + ", ".join(missing))
+EOF
+}
+
+installed_matches() {
+  # The right wheel is already installed: nothing to do (make install is idempotent).
+  [ -f "$entry/wheel.sha256" ] || return 1
+  local recorded
+  recorded=$("$PY" - <<'EOF' 2>/dev/null
+import importlib.metadata as md
+d = md.distribution("horovod")
+print((d.read_text("HVDTRAIN_BUILD_KEY") or "").strip())
+EOF
+) || return 1
+  [ "$recorded" = "$key" ] && verify_installed 2>/dev/null
+}
+
+install_from_cache() {
+  local whl
+  whl=$(ls "$entry"/horovod-*.whl 2>/dev/null | head -n1) || true
+  [ -n "$whl" ] && [ -f "$entry/wheel.sha256" ] || return 1
+  if ! (cd "$entry" && sha256sum --quiet -c wheel.sha256 >/dev/null 2>&1); then
+    log "cached wheel in $entry fails its checksum: discarding it"
+    return 1
+  fi
+  "${PIP[@]}" install -q --no-deps --force-reinstall -c "$CONSTRAINTS" "$whl" >&2 || return 1
+  verify_installed >&2 || { log "cached wheel does not import as expected: discarding it"; return 1; }
+  return 0
+}
+
+if installed_matches; then
+  log "Horovod $HOROVOD_VERSION already installed for this environment ($key)"
+  exit 0
+fi
+
+if install_from_cache; then
+  log "installed Horovod $HOROVOD_VERSION from the wheel cache ($entry)"
+  exit 0
+fi
+rm -rf "$entry"
+
+# --- build ------------------------------------------------------------------------------------------------------
+log "building Horovod $HOROVOD_VERSION (torch $torch_v, mxnet $mxnet_v, MPI: $with_mpi, GPU ops: $gpu_ops); about 5 minutes on 2 cores"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"${PIP[@]}" download -q --no-deps --no-binary :all: -c "$CONSTRAINTS" "horovod==$HOROVOD_VERSION" -d "$work" >&2
+tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+src="$work/horovod-$HOROVOD_VERSION"
+
+# Fix 2: C++17 for torch >= 2.1 (horovod#3996 / PR #3998).
+sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/CMakeLists.txt" || { log "C++17 patch did not apply to CMakeLists.txt"; exit 1; }
+grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod/torch/CMakeLists.txt" || { log "C++17 patch did not apply to horovod/torch/CMakeLists.txt"; exit 1; }
+
+# Fix 1: cmake < 4 from the venv first on PATH; the policy variable covers a newer one anyway.
+venv_bin=$(dirname "$PY")
+export PATH="$venv_bin:$PATH"
+export CMAKE_POLICY_VERSION_MINIMUM=3.5
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
+if [ $with_mpi = 1 ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
+export MAKEFLAGS=${MAKEFLAGS:--j$(( $(nproc) + 1 ))}
+
+"${PIP[@]}" wheel -v --no-deps --no-build-isolation -c "$CONSTRAINTS" -w "$work/dist" "$src" > "$work/build.log" 2>&1 || {
+  tail -n 60 "$work/build.log" >&2
+  log "Horovod build failed; the last 60 lines of its log are above"
+  exit 1
+}
+whl=$(ls "$work"/dist/horovod-*.whl)
+# The key travels inside the wheel's dist-info (readable through importlib.metadata), so an installed Horovod
+# tells which build it is.
+"$PY" - "$whl" "$key" <<'EOF'
+import base64, hashlib, os, sys, zipfile
+whl, key = sys.argv[1], sys.argv[2]
+tmp = whl + ".tmp"
+with zipfile.ZipFile(whl) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    names = zin.namelist()
+    distinfo = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+    data = (key + "\n").encode()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    for item in zin.infolist():
+        content = zin.read(item.filename)
+        if item.filename == f"{distinfo}/RECORD":
+            content = content.decode().rstrip("\n") + f"\n{distinfo}/HVDTRAIN_BUILD_KEY,sha256={digest},{len(data)}\n"
+            content = content.encode()
+        zout.writestr(item, content)
+    zout.writestr(f"{distinfo}/HVDTRAIN_BUILD_KEY", data)
+os.replace(tmp, whl)
+EOF
+
+mkdir -p "$entry.tmp"
+cp "$whl" "$entry.tmp/"
+(cd "$entry.tmp" && sha256sum "$(basename "$whl")" > wheel.sha256)
+rm -rf "$entry"
+mv "$entry.tmp" "$entry"
+log "cached $(basename "$whl") in $entry"
+install_from_cache || { log "the freshly built wheel does not import with PyTorch and MXNet"; exit 1; }
+log "installed Horovod $HOROVOD_VERSION"
