@@ -8,7 +8,7 @@ evaluates a disjoint part and the sums are allreduced once, so no sample is coun
 from __future__ import annotations
 
 import math
-from typing import Iterator, Sequence, Tuple
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,18 +49,24 @@ class ShardSampler:
 
 
 class ArrayDataset:
-    """Samples held as equally long numpy arrays (e.g. images and labels); indexable by one index or an array."""
+    """Samples held as equally long numpy arrays (e.g. images and labels); indexable by one index or an array.
 
-    def __init__(self, *arrays: np.ndarray):
+    ``transform``, when given, maps the tuple of arrays of a batch to a new tuple (e.g. random crops of the
+    images); it runs on numpy, so the same augmentation serves both frameworks.
+    """
+
+    def __init__(self, *arrays: np.ndarray, transform: Optional[Callable[..., Tuple[np.ndarray, ...]]] = None):
         if not arrays or any(len(a) != len(arrays[0]) for a in arrays):
             raise ValueError("ArrayDataset needs arrays of equal length")
         self.arrays = arrays
+        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.arrays[0])
 
     def __getitem__(self, index) -> Tuple[np.ndarray, ...]:
-        return tuple(a[index] for a in self.arrays)
+        items = tuple(a[index] for a in self.arrays)
+        return self.transform(*items) if self.transform is not None else items
 
 
 def array_batches(dataset: ArrayDataset, indices: Sequence[int], batch_size: int,

@@ -132,7 +132,7 @@ class TorchBackend(Backend):
             self.scaler.update()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         return {"loss": total}
 
     @torch.no_grad()

@@ -1,0 +1,137 @@
+"""``python -m hvdtrain doctor``: what is installed, what Horovod was built with, and known-bad combinations.
+
+Exit status 0 when both PyTorch and MXNet are usable through Horovod, 1 otherwise. Each problem comes with a
+one-line fix.
+"""
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from typing import List, Optional, Tuple
+
+Row = Tuple[str, str, str, str]  # status, what, value, fix
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _major_minor(v: str) -> Tuple[int, int]:
+    parts = (v.split("+")[0].split(".") + ["0", "0"])[:2]
+    return tuple(int("".join(ch for ch in p if ch.isdigit()) or 0) for p in parts)  # type: ignore[return-value]
+
+
+def _packages() -> List[Row]:
+    rows: List[Row] = [("ok", "python", platform.python_version(), "")]
+    fixes = {"torch": "make install (or pip install torch==2.13.0)",
+             "mxnet": "make install (or pip install mxnet==1.9.1)",
+             "numpy": "pip install numpy==1.23.5",
+             "gluoncv": "pip install gluoncv==0.10.5.post0",
+             "horovod": "make install (builds Horovod against the installed frameworks)"}
+    for dist in ("torch", "mxnet", "numpy", "gluoncv", "horovod"):
+        v = _version(dist) or (_version("mxnet-cu112") if dist == "mxnet" else None)
+        rows.append(("ok", dist, v, "") if v else ("FAIL", dist, "not installed", fixes[dist]))
+    numpy_v, mxnet_v = _version("numpy"), _version("mxnet")
+    if numpy_v and mxnet_v and mxnet_v.startswith("1.") and _major_minor(numpy_v) >= (1, 24):
+        rows.append(("FAIL", "numpy+mxnet", f"numpy {numpy_v} breaks mxnet {mxnet_v} (np.bool was removed)",
+                     "pip install numpy==1.23.5"))
+    return rows
+
+
+def _horovod() -> Tuple[List[Row], bool]:
+    rows: List[Row] = []
+    frameworks = {}
+    for fw, module in (("PyTorch", "horovod.torch"), ("MXNet", "horovod.mxnet")):
+        try:
+            if fw == "MXNet":
+                __import__("mxnet")
+            frameworks[fw] = __import__(module, fromlist=["_"])
+            rows.append(("ok", f"horovod {fw}", "built", ""))
+        except Exception as e:  # noqa: BLE001 - any import failure means the framework is unusable
+            rows.append(("FAIL", f"horovod {fw}", f"unusable ({type(e).__name__}: {str(e).splitlines()[0][:80]})",
+                         "make install (rebuilds Horovod with HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MXNET=1)"))
+    if frameworks:
+        hvd = next(iter(frameworks.values()))
+        controllers = [n for n, f in (("MPI", hvd.mpi_built), ("Gloo", hvd.gloo_built)) if f()]
+        ops = [n for n, f in (("NCCL", hvd.nccl_built), ("DDL", hvd.ddl_built), ("CCL", hvd.ccl_built),
+                              ("MPI", hvd.mpi_built), ("Gloo", hvd.gloo_built)) if f()]
+        rows.append(("ok" if "Gloo" in controllers else "FAIL", "horovod controllers", ", ".join(controllers) or "none",
+                     "" if "Gloo" in controllers else "make install"))
+        rows.append(("ok", "horovod tensor ops", ", ".join(ops), ""))
+        if "MPI" not in controllers:
+            rows.append(("warn", "horovod MPI", "not built: mpirun launches unavailable",
+                         "apt-get install openmpi-bin libopenmpi-dev, then make install"))
+        gpu = "CUDA" if hvd.cuda_built() else ("ROCm" if hvd.rocm_built() else "none")
+        rows.append(("ok", "horovod GPU support", gpu, ""))
+    return rows, len(frameworks) == 2
+
+
+def _system() -> List[Row]:
+    rows: List[Row] = []
+    mpirun = shutil.which("mpirun")
+    if mpirun:
+        try:
+            out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=20).stdout
+            rows.append(("ok", "mpi", out.strip().splitlines()[0] if out.strip() else "unknown", ""))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            rows.append(("warn", "mpi", f"mpirun --version failed: {e}", ""))
+    else:
+        rows.append(("warn", "mpi", "mpirun not found", "apt-get install openmpi-bin libopenmpi-dev"))
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    rows.append(("ok", "cpu cores", str(cores), ""))
+    gpus = []
+    try:
+        import torch
+        if torch.cuda.is_available():
+            gpus.append(f"torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import mxnet as mx
+        n = mx.context.num_gpus()
+        if n:
+            gpus.append(f"mxnet sees {n} GPU(s)")
+    except Exception:  # noqa: BLE001
+        pass
+    rows.append(("ok", "gpus", "; ".join(gpus) or "none (training runs on the CPU)", ""))
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        addr = "unresolvable"
+    if addr.startswith("127.") or addr == "unresolvable":
+        rows.append(("warn", "hostname", f"{host} resolves to {addr}",
+                     "multi-host Gloo jobs need the hostname to resolve to a reachable address "
+                     "(Horovod 0.28.1 ignores HOROVOD_GLOO_IFACE for process sets): fix /etc/hosts"))
+    else:
+        rows.append(("ok", "hostname", f"{host} -> {addr}", ""))
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    rows = _packages()
+    hvd_rows, both_usable = _horovod()
+    rows += hvd_rows + _system()
+    width = max(len(r[1]) for r in rows)
+    print("hvdtrain doctor")
+    for status, what, value, fix in rows:
+        print(f"  {status:4s}  {what:{width}s}  {value}")
+        if fix:
+            print(f"  {'':4s}  {'':{width}s}  fix: {fix}")
+    failed = [r for r in rows if r[0] == "FAIL"]
+    if both_usable and not failed:
+        print("doctor: PyTorch and MXNet are usable through Horovod")
+        return 0
+    print(f"doctor: {len(failed)} problem(s); see the fixes above", file=sys.stderr)
+    return 1
