@@ -60,7 +60,11 @@ class Trainer:
                               f"choose another --framework")
 
     def datasets(self) -> Tuple[Any, Any]:
-        """(train, val) datasets for every framework; override, or provide datasets_torch / datasets_mxnet."""
+        """(train, val) datasets for every framework; override, or provide datasets_torch / datasets_mxnet.
+
+        Optional per-framework hooks: build_torch / build_mxnet (required, the model) and loss_torch / loss_mxnet
+        (a loss taking (logits, labels); default softmax cross-entropy).
+        """
         raise ConfigError(f"recipe {self.name} provides no datasets")
 
     # --- the loop ---------------------------------------------------------------------------------------------------
@@ -74,7 +78,9 @@ class Trainer:
 
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         train_set, val_set = self._datasets()
-        backend.setup(self._framework_hook("build")(), cfg)
+        loss = getattr(self, f"loss_{backend.name}", None)
+        backend.setup(self._framework_hook("build")(), cfg, loss_fn=loss() if loss else None,
+                      sample_shape=self._sample_shape(train_set))
         train_sampler = ShardSampler(len(train_set), backend.rank, backend.size, shuffle=True, seed=cfg.seed)
         val_sampler = (ShardSampler(len(val_set), backend.rank, backend.size, shuffle=False, pad=False)
                        if val_set is not None else None)
@@ -225,6 +231,14 @@ class Trainer:
             return Synthetic(n, self.input_shape, self.num_classes), None
         hook = getattr(self, f"datasets_{self.backend.name}", None) or self.datasets
         return hook()
+
+    @staticmethod
+    def _sample_shape(dataset) -> Tuple[int, ...]:
+        """Shape of one input sample (frameworks with deferred initialisation need it before the broadcast)."""
+        if isinstance(dataset, Synthetic):
+            return dataset.shape
+        sample = dataset[0][0]
+        return tuple(getattr(sample, "shape", ()))
 
     def _next_micro_batches(self, batches) -> list:
         try:

@@ -52,7 +52,7 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def setup(self, model: Any, cfg) -> None:
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         ...
 
     def shutdown(self) -> None:

@@ -67,7 +67,7 @@ class TorchBackend(Backend):
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
 
-    def setup(self, model: Any, cfg, loss_fn=None) -> None:
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         hvd = self.hvd
         self.model = model.to(self.device)
         self.loss_fn = loss_fn or F.cross_entropy

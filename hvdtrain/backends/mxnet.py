@@ -1,0 +1,259 @@
+"""MXNet Gluon + horovod.mxnet backend.
+
+horovod.mxnet has no backward_passes_per_step, broadcast_optimizer_state, join or metric averaging; this backend
+provides the same behaviour as the PyTorch one itself:
+
+- accumulation: ``grad_req='add'``, ``accumulate`` backward passes, one allreduce and step, gradients zeroed after;
+- optimizer state (momentum, update counts) broadcast from rank 0 after a resume;
+- equal steps on every rank: the Trainer's padded ShardSampler (shared with PyTorch);
+- metrics: one Horovod allreduce of the sums, as on PyTorch.
+
+Gluon's ``Trainer.step(batch_size)`` divides the summed per-sample gradients by ``batch_size``; passing the
+micro-batch size times ``accumulate`` makes the update the mean over all samples of the global batch, exactly what
+the PyTorch backend's mean loss gives, so one learning rate means the same thing on both frameworks.
+
+Checkpoints hold parameters and optimizer states as numpy arrays by structural name ('0.weight'), never Gluon's
+pickled ``save_states`` format.
+"""
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from ..config import ConfigError
+from ..data import ArrayDataset, Synthetic, array_batches
+from .base import Backend, cpu_threads_per_rank
+
+
+def _launcher_local_size() -> int:
+    for var in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(var, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def _flatten_state(state) -> List[Any]:
+    """An optimizer state (None, an NDArray, or nested tuples of them) as a list of NDArrays, in order."""
+    if state is None:
+        return []
+    if isinstance(state, (list, tuple)):
+        return [a for s in state for a in _flatten_state(s)]
+    return [state]
+
+
+class MXNetBackend(Backend):
+    name = "mxnet"
+
+    def __init__(self):
+        self.hvd = self.mx = None
+        self.model = self.trainer = self.loss_fn = None
+        self.ctx = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------------------
+    def init(self, cfg) -> None:
+        if cfg.precision != "fp32":
+            raise ConfigError(f"--precision {cfg.precision} is not available on --framework mxnet yet; use fp32")
+        if cfg.adasum:
+            raise ConfigError("--adasum is supported on --framework torch only (horovod.mxnet has no Adasum trainer)")
+        # Horovod: ranks on one host share its cores (horovod#2804). MXNet reads OMP_NUM_THREADS when its engine
+        # starts, so it is set from the launcher's local size before mxnet is imported, and checked after init.
+        self.threads = cpu_threads_per_rank(_launcher_local_size(), cfg.threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        import mxnet as mx
+        import horovod.mxnet as hvd
+        self.mx, self.hvd = mx, hvd
+        # Horovod: start the background thread and join the job.
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.threads = cpu_threads_per_rank(self.local_size, cfg.threads)
+        import ctypes
+        mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))
+        # Horovod: one GPU per process, chosen by local rank.
+        self.ctx = mx.gpu(self.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
+        self.device = self.ctx
+
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
+        mx, hvd = self.mx, self.hvd
+        self.model = model
+        self.loss_fn = loss_fn or mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        self.accumulate = cfg.accumulate
+        params = model.collect_params()
+        # He initialisation for layers not initialised by the recipe (pretrained weights are kept).
+        model.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=self.ctx)
+        if sample_shape is not None:  # resolve deferred shapes before the broadcast
+            # In training mode: an inference-mode pass lets MKLDNN reorder the weights in place into its own
+            # layout, and a broadcast into such an array would write bytes in the wrong layout.
+            with mx.autograd.train_mode():
+                model(mx.nd.zeros((1,) + tuple(sample_shape), ctx=self.ctx)).wait_to_read()
+        model.hybridize(static_alloc=True)
+        if cfg.accumulate > 1:
+            params.setattr("grad_req", "add")
+        if cfg.optimizer == "sgd":
+            opt = mx.optimizer.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay)
+            if cfg.nesterov:
+                opt = mx.optimizer.NAG(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay)
+        else:
+            opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay)
+        # Horovod: allreduce the gradients inside trainer.step (sum, then / size: the average across ranks).
+        self.trainer = hvd.DistributedTrainer(
+            params, opt,
+            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
+            gradient_predivide_factor=cfg.predivide)
+        self.broadcast_state()
+
+    def _structural_params(self) -> Dict[str, Any]:
+        """Parameters by structural name ('0.weight'), stable across processes unlike Gluon's global prefixes."""
+        return self.model._collect_params_with_prefix()
+
+    def _updater(self):
+        return self.trainer._updaters[0]
+
+    def _ensure_optimizer_states(self) -> None:
+        """Create missing optimizer states (Gluon makes them lazily at the first update) so every rank has them."""
+        updater, opt = self._updater(), self.trainer._optimizer
+        for i, p in enumerate(self.trainer._params):
+            if i not in updater.states:
+                updater.states[i] = opt.create_state_multi_precision(i, p.data(self.ctx))
+                updater.states_synced[i] = True
+
+    def broadcast_state(self) -> None:
+        hvd = self.hvd
+        # Horovod: every rank starts from rank 0's parameters.
+        hvd.broadcast_parameters(self._structural_params(), root_rank=0, prefix="hvdtrain.param.")
+        # Horovod: and from rank 0's optimizer state — horovod.mxnet has no broadcast_optimizer_state.
+        self._ensure_optimizer_states()
+        updater, opt = self._updater(), self.trainer._optimizer
+        for i in sorted(updater.states):
+            for j, arr in enumerate(_flatten_state(updater.states[i])):
+                hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}")
+        counts = self.broadcast_object({"num_update": opt.num_update,
+                                        "index": {str(k): v for k, v in opt._index_update_count.items()}}
+                                       if self.rank == 0 else None)
+        opt.num_update = counts["num_update"]
+        opt._index_update_count = {int(k): v for k, v in counts["index"].items()}
+
+    def shutdown(self) -> None:
+        if self.hvd is not None and self.hvd.is_initialized():
+            self.hvd.shutdown()
+
+    # --- steps -----------------------------------------------------------------------------------------------------
+    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+        autograd = self.mx.autograd
+        total, samples = None, 0
+        for x, y in micro_batches:
+            with autograd.record():
+                loss = self.loss_fn(self.model(x), y)  # per-sample losses; backward sums their gradients
+            loss.backward()
+            mean = loss.mean() / len(micro_batches)
+            total = mean if total is None else total + mean
+            samples += x.shape[0]
+        # Gluon divides the summed gradients by `samples`: the mean over the whole (accumulated) batch.
+        self.trainer.step(samples)
+        if self.accumulate > 1:
+            for p in self.trainer._params:
+                p.zero_grad()
+        return {"loss": total}
+
+    def eval_step(self, batch: Any) -> Dict[str, Any]:
+        nd = self.mx.nd
+        x, y = batch
+        logits = self.model(x).astype("float32")
+        k = min(5, logits.shape[1])
+        top = nd.topk(logits, axis=1, k=k, ret_typ="indices")
+        return {"loss_sum": self.loss_fn(logits, y).sum(),
+                "correct": (nd.argmax(logits, axis=1) == y).sum(),
+                "correct5": (top == y.reshape((-1, 1))).sum(),
+                "count": nd.array([x.shape[0]], ctx=self.ctx)}
+
+    def set_lr(self, lr: float) -> None:
+        self.trainer.set_learning_rate(lr)
+
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2 ** 32)
+        self.mx.random.seed(seed % 2 ** 31, ctx="all")
+
+    # --- data ------------------------------------------------------------------------------------------------------
+    def _to_device(self, batch):
+        x, y = batch
+        nd = self.mx.nd
+        x = x.as_in_context(self.ctx) if isinstance(x, nd.NDArray) else nd.array(x, ctx=self.ctx)
+        y = (y.as_in_context(self.ctx) if isinstance(y, nd.NDArray) else nd.array(y, ctx=self.ctx)).astype("float32")
+        return x, y
+
+    def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
+               num_workers: int = 0) -> Iterator[Any]:
+        nd = self.mx.nd
+        if isinstance(dataset, Synthetic):
+            x = nd.random.normal(shape=(batch_size,) + dataset.shape, ctx=self.ctx)
+            y = nd.random.randint(0, dataset.num_classes, shape=(batch_size,), ctx=self.ctx).astype("float32")
+            return ((x, y) for _ in range(len(sampler) // batch_size))
+        if isinstance(dataset, ArrayDataset):
+            return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
+        loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
+                                               last_batch="discard" if drop_last else "keep",
+                                               num_workers=num_workers)
+        return map(self._to_device, loader)
+
+    # --- collectives -----------------------------------------------------------------------------------------------
+    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+        nd = self.mx.nd
+        keys = sorted(metrics)
+        values = nd.array([float(v.asnumpy().sum()) if isinstance(v, nd.NDArray) else float(v) for v in
+                           (metrics[k] for k in keys)], dtype="float64")
+        # Horovod: one collective for all metrics, so every rank reports the same numbers.
+        summed = self.hvd.allreduce(values, average=False, name="hvdtrain.metrics." + ".".join(keys))
+        return dict(zip(keys, summed.asnumpy().tolist()))
+
+    def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
+        nd, hvd = self.mx.nd, self.hvd
+        # Horovod: size first, then the payload, as a uint8 array (JSON text; nothing is unpickled).
+        length = nd.array([len(data) if self.rank == root else 0], dtype="int64")
+        length = int(hvd.broadcast(length, root_rank=root, name="hvdtrain.bcast.len").asnumpy()[0])
+        buf = (nd.array(np.frombuffer(data, dtype=np.uint8), dtype="uint8") if self.rank == root
+               else nd.zeros((length,), dtype="uint8"))
+        return hvd.broadcast(buf, root_rank=root, name="hvdtrain.bcast.data").asnumpy().tobytes()
+
+    # --- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        params = self._structural_params()
+        by_id = {id(p): name for name, p in params.items()}
+        updater, opt = self._updater(), self.trainer._optimizer
+        states = {}
+        for i, p in enumerate(self.trainer._params):
+            if i in updater.states:
+                states[by_id[id(p)]] = [a.asnumpy() for a in _flatten_state(updater.states[i])]
+        counts = {by_id[id(p)]: opt._index_update_count[i] for i, p in enumerate(self.trainer._params)
+                  if i in opt._index_update_count}
+        return {"model": {name: p.data(self.ctx).asnumpy() for name, p in params.items()},
+                "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts}}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        nd = self.mx.nd
+        params = self._structural_params()
+        missing = sorted(set(params) - set(state["model"]))
+        unexpected = sorted(set(state["model"]) - set(params))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for name, p in params.items():
+            value = state["model"][name]
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"checkpoint parameter {name} has shape {value.shape}, the model {p.shape}")
+            p.set_data(nd.array(value, ctx=self.ctx, dtype=p.dtype))
+        self._ensure_optimizer_states()
+        updater, opt = self._updater(), self.trainer._optimizer
+        index = {id(p): i for i, p in enumerate(self.trainer._params)}
+        for name, arrays in state["optimizer"]["states"].items():
+            targets = _flatten_state(updater.states[index[id(params[name])]])
+            if len(targets) != len(arrays):
+                raise ValueError(f"optimizer state of {name} has {len(arrays)} arrays, the optimizer {len(targets)}")
+            for target, value in zip(targets, arrays):
+                target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
+        opt.num_update = int(state["optimizer"]["num_update"])
+        opt._index_update_count = {index[id(params[n])]: int(c)
+                                   for n, c in state["optimizer"]["index_update_count"].items()}
