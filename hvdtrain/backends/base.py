@@ -10,7 +10,7 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
 - ``eval_step(batch)``: sums (loss, correct, count) for one batch.
 - ``allreduce_sum`` / ``allreduce_mean``: metrics across ranks, returned as floats.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled).
-- ``set_lr``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
+- ``set_lr`` / ``get_lr``, ``seed``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
 - ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
 """
 from __future__ import annotations
@@ -69,6 +69,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None:
+        ...
+
+    @abc.abstractmethod
+    def get_lr(self) -> float:
         ...
 
     @abc.abstractmethod

@@ -173,6 +173,9 @@ class MXNetBackend(Backend):
     def set_lr(self, lr: float) -> None:
         self.trainer.set_learning_rate(lr)
 
+    def get_lr(self) -> float:
+        return float(self.trainer.learning_rate)
+
     def seed(self, seed: int) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)

@@ -154,6 +154,9 @@ class TorchBackend(Backend):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def get_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
     def seed(self, seed: int) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)

@@ -1,0 +1,86 @@
+"""Running whole commands in tests: always under a hard timeout, killing every process of the job on expiry."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import psutil
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+BIN = os.path.dirname(PY)
+HOROVODRUN = os.path.join(BIN, "horovodrun")
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ)
+    e["PATH"] = BIN + os.pathsep + e.get("PATH", "")
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    # Open MPI refuses root without these; harmless otherwise.
+    e.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    e.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        parent = psutil.Process(proc.pid)
+        procs = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def run(cmd, timeout: float, cwd: str = ROOT, **extra_env) -> Result:
+    """Run ``cmd``; on timeout kill it with all its descendants and fail the test with the output so far."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\n"
+                             f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}")
+    return Result(proc.returncode, out, err)
+
+
+def hvdtrain(*args) -> list:
+    return [PY, "-m", "hvdtrain", *args]
+
+
+def horovodrun(np: int, *cmd, gloo: bool = True) -> list:
+    return [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}"] + (["--gloo"] if gloo else []) + list(cmd)
+
+
+def mpirun(np: int, *cmd) -> list:
+    return ["mpirun", "-np", str(np), "-H", f"localhost:{np}", "-bind-to", "none", "-map-by", "slot",
+            "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-x", "PATH", "-x", "PYTHONPATH"] + list(cmd)
+
+
+def have_mpirun() -> bool:
+    return shutil.which("mpirun") is not None
+
+
+def describe(result: Result) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"

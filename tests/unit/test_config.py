@@ -1,0 +1,66 @@
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from hvdtrain.config import ConfigError, TrainConfig, field_docs, help_text, parse_overrides
+
+
+def test_every_field_is_documented():
+    docs = field_docs(TrainConfig)
+    missing = [f.name for f in dataclasses.fields(TrainConfig) if not docs.get(f.name)]
+    assert not missing, f"fields without a docstring: {missing}"
+
+
+def test_types_are_converted():
+    cfg = parse_overrides(TrainConfig, ["--epochs", "3", "--base-lr=0.5", "--framework", "mxnet",
+                                        "--lr-milestones", "30,60,80", "--fp16-allreduce", "--no-nesterov"])
+    assert cfg.epochs == 3 and cfg.base_lr == 0.5 and cfg.framework == "mxnet"
+    assert cfg.lr_milestones == (30, 60, 80)
+    assert cfg.fp16_allreduce is True and cfg.nesterov is False
+
+
+def test_bool_accepts_explicit_values():
+    assert parse_overrides(TrainConfig, ["--synthetic=false"]).synthetic is False
+    assert parse_overrides(TrainConfig, ["--synthetic=yes"]).synthetic is True
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--epochs", "three"], "--epochs expects an integer, got 'three'"),
+    (["--framework", "jax"], "--framework expects one of torch, mxnet, got 'jax'"),
+    (["--batchsize", "3"], "unknown option --batchsize"),
+    (["--epochs"], "--epochs expects an integer after it"),
+    (["epochs", "3"], "unexpected argument 'epochs'"),
+])
+def test_bad_flags_name_the_flag(argv, fragment):
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(TrainConfig, argv)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, fragment", [
+    ({"batch_size": 0}, "--batch-size must be at least 1, got 0"),
+    ({"epochs": 0}, "--epochs must be at least 1"),
+    ({"accumulate": 0}, "--accumulate must be at least 1"),
+    ({"base_lr": -1.0}, "--base-lr must be positive"),
+    ({"warmup_epochs": 9.0, "epochs": 5}, "--warmup-epochs must be between 0 and --epochs"),
+    ({"lr_milestones": (60, 30)}, "--lr-milestones must be increasing"),
+    ({"resume": "/nonexistent/ckpt.npz"}, "--resume must be auto, never or an existing checkpoint file"),
+])
+def test_validate_names_the_flag(kw, fragment):
+    with pytest.raises(ConfigError) as e:
+        dataclasses.replace(TrainConfig(), **kw).validate()
+    assert fragment in str(e.value)
+
+
+def test_subclass_fields_and_docs_are_inherited():
+    @dataclass
+    class MyConfig(TrainConfig):
+        width: int = 4
+        """Channels of the first layer."""
+
+    cfg = parse_overrides(MyConfig, ["--width", "8", "--epochs", "2"])
+    assert (cfg.width, cfg.epochs) == (8, 2)
+    text = help_text(MyConfig, "mine")
+    assert "--width WIDTH" in text and "Channels of the first layer." in text and "--epochs EPOCHS" in text

@@ -1,0 +1,33 @@
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+
+def run_py(code: str):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_import_hvdtrain_needs_neither_framework_nor_horovod():
+    code = ("import sys\n"
+            "for m in ('torch', 'mxnet', 'horovod'): sys.modules[m] = None\n"
+            "import hvdtrain, hvdtrain.trainer, hvdtrain.cli, hvdtrain.callbacks, hvdtrain.checkpoint\n"
+            "import recipes.mnist\n"
+            "print('ok')\n")
+    out = run_py(code)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_gluoncv_model_zoo_builds_resnet50_v1b_beside_torch():
+    code = ("import torch\n"
+            "from hvdtrain.backends.gluoncv_compat import import_gluoncv\n"
+            "gcv = import_gluoncv()\n"
+            "import sys\n"
+            "assert sys.modules['torch'] is torch, 'torch must be restored'\n"
+            "net = gcv.model_zoo.get_model('resnet50_v1b', pretrained=False)\n"
+            "net.initialize()\n"
+            "import mxnet as mx\n"
+            "print(net(mx.nd.zeros((1, 3, 64, 64))).shape)\n")
+    out = run_py(code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(1, 1000)" in out.stdout
