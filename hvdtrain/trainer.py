@@ -69,35 +69,47 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------------------------
     def fit(self) -> Optional[Dict[str, Any]]:
-        """Train ``cfg.epochs`` epochs (resuming per ``cfg.resume``); returns the last epoch's record."""
+        """Set up and train ``cfg.epochs`` epochs (resuming per ``cfg.resume``); returns the last epoch's record."""
+        self.setup()
+        return self.train()
+
+    def setup(self) -> None:
+        """Start Horovod, build data and model, broadcast rank 0's state, and resume from a checkpoint if any."""
         cfg = self.cfg
         self.check()
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
-        is_root = backend.rank == 0
-
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
-        train_set, val_set = self._datasets()
+        self.train_set, self.val_set = self._datasets()
         loss = getattr(self, f"loss_{backend.name}", None)
         backend.setup(self._framework_hook("build")(), cfg, loss_fn=loss() if loss else None,
-                      sample_shape=self._sample_shape(train_set))
-        train_sampler = ShardSampler(len(train_set), backend.rank, backend.size, shuffle=True, seed=cfg.seed)
-        val_sampler = (ShardSampler(len(val_set), backend.rank, backend.size, shuffle=False, pad=False)
-                       if val_set is not None else None)
-        steps = steps_per_epoch(len(train_sampler), cfg.batch_size * cfg.accumulate)
-        if steps == 0:
-            raise ConfigError(f"each of the {backend.size} ranks gets {len(train_sampler)} training samples, fewer "
-                              f"than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
+                      sample_shape=self._sample_shape(self.train_set))
+        self.train_sampler = ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed)
+        self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
+                            if self.val_set is not None else None)
+        self.steps = steps_per_epoch(len(self.train_sampler), cfg.batch_size * cfg.accumulate)
+        if self.steps == 0:
+            raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
+                              f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
                               f"lower --batch-size or run fewer ranks")
-        start_epoch, self.global_step = self._restore()
+        self.start_epoch, self.global_step = self._restore()
+
+    def train(self) -> Optional[Dict[str, Any]]:
+        """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""
+        cfg, backend, steps = self.cfg, self.backend, self.steps
+        train_set, train_sampler = self.train_set, self.train_sampler
+        is_root = backend.rank == 0
         callbacks = self._callbacks() if is_root else []
         if is_root:
             self._announce(steps)
         for cb in callbacks:
-            cb.on_train_start(self, start_epoch)
+            cb.on_train_start(self, self.start_epoch)
+        if is_root and self.start_epoch >= cfg.epochs:
+            print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
+                  f"(raise --epochs, or pass --resume never to start over)", flush=True)
 
         record = None
-        for epoch in range(start_epoch, cfg.epochs):
+        for epoch in range(self.start_epoch, cfg.epochs):
             backend.seed(self._rank_seed(epoch))
             train_sampler.set_epoch(epoch)
             batches = backend.loader(train_set, train_sampler, cfg.batch_size, drop_last=True,
@@ -123,7 +135,7 @@ class Trainer:
                     break
             train = backend.allreduce_mean({k: v / done for k, v in sums.items()})
             train_seconds = time.perf_counter() - start
-            record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(val_set, val_sampler),
+            record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
                       "images_per_sec": done * cfg.batch_size * cfg.accumulate * backend.size / train_seconds,
                       "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
                       "framework": backend.name, "global_step": self.global_step}
@@ -137,8 +149,9 @@ class Trainer:
             cb.on_train_end(self, record)
         return record
 
-    def evaluate(self, val_set, val_sampler) -> Dict[str, Optional[float]]:
+    def evaluate(self) -> Dict[str, Optional[float]]:
         """Loss and accuracy on the validation set: each rank a disjoint shard, sums allreduced once."""
+        val_set, val_sampler = self.val_set, self.val_sampler
         if val_set is None:
             return {"val_loss": None, "val_accuracy": None}
         sums: Dict[str, Any] = {"loss_sum": 0.0, "correct": 0.0, "correct5": 0.0, "count": 0.0}

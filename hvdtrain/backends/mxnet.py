@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
@@ -83,8 +84,11 @@ class MXNetBackend(Backend):
         self.loss_fn = loss_fn or mx.gluon.loss.SoftmaxCrossEntropyLoss()
         self.accumulate = cfg.accumulate
         params = model.collect_params()
-        # He initialisation for layers not initialised by the recipe (pretrained weights are kept).
-        model.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=self.ctx)
+        # Layers the recipe did not initialise get PyTorch's default: uniform(+-1/sqrt(fan_in)) weights
+        # (kaiming_uniform with a=sqrt(5)), so one recipe starts alike on both frameworks. Pretrained weights are kept.
+        with warnings.catch_warnings():  # "already initialized, ignoring": exactly what is meant
+            warnings.simplefilter("ignore", UserWarning)
+            model.initialize(mx.init.Xavier(rnd_type="uniform", factor_type="in", magnitude=1), ctx=self.ctx)
         if sample_shape is not None:  # resolve deferred shapes before the broadcast
             # In training mode: an inference-mode pass lets MKLDNN reorder the weights in place into its own
             # layout, and a broadcast into such an array would write bytes in the wrong layout.

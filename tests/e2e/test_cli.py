@@ -1,0 +1,58 @@
+"""The command line's contract: bad input ends in one line naming the fix and exit status 2."""
+import os
+
+import pytest
+
+from tests.helpers import describe, horovodrun, hvdtrain, run
+
+
+def error_lines(result):
+    return [line for line in result.stderr.splitlines() if "hvdtrain: error:" in line]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["recipe", "nosuch"], "unknown recipe 'nosuch'; available: mnist"),
+    (["recipe", "mnist", "--framework", "jax"], "--framework expects one of torch, mxnet, got 'jax'"),
+    (["recipe", "mnist", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    (["recipe", "mnist", "--epochs", "two"], "--epochs expects an integer, got 'two'"),
+    (["recipe", "mnist", "--bogus", "1"], "unknown option --bogus"),
+    (["recipe", "mnist", "--data-dir", "/nonexistent/mnist"], "--data-dir /nonexistent/mnist does not exist"),
+    (["recipe", "no.such.module:Trainer"], "cannot import recipe module 'no.such.module'"),
+    (["recipe"], "recipe needs a NAME"),
+    (["frobnicate"], "unknown command 'frobnicate'"),
+])
+def test_bad_command_lines_exit_2_with_one_line(args, fragment, tmp_path):
+    result = run(hvdtrain(*args, *(["--output-dir", str(tmp_path / "out")] if len(args) > 2 else [])), timeout=120)
+    assert result.returncode == 2, describe(result)
+    lines = error_lines(result)
+    assert len(lines) == 1 and fragment in lines[0], describe(result)
+    assert "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out"), "nothing is written for a bad command line"
+
+
+def test_empty_data_dir_names_the_missing_files(tmp_path):
+    result = run(hvdtrain("recipe", "mnist", "--data-dir", str(tmp_path)), timeout=120)
+    assert result.returncode == 2
+    (line,) = error_lines(result)
+    assert "train-images-idx3-ubyte" in line and "t10k-labels-idx1-ubyte" in line
+
+
+def test_missing_data_under_horovodrun_fails_fast_on_every_rank(tmp_path):
+    result = run(horovodrun(2, *hvdtrain("recipe", "mnist", "--data-dir", str(tmp_path / "none"))), timeout=120)
+    assert result.returncode != 0, describe(result)
+    assert result.stderr.count("hvdtrain: error: --data-dir") + result.stdout.count("hvdtrain: error: --data-dir") >= 1
+
+
+def test_list_and_help():
+    listed = run(hvdtrain("list"), timeout=120)
+    assert listed.returncode == 0 and "mnist" in listed.stdout
+    helped = run(hvdtrain("recipe", "mnist", "--help"), timeout=120)
+    assert helped.returncode == 0 and "--batch-size BATCH_SIZE" in helped.stdout and "--max-shift" in helped.stdout
+
+
+def test_user_trainer_class_by_module_path(tmp_path):
+    result = run(hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--epochs", "2", "--output-dir", str(tmp_path)),
+                 timeout=180)
+    assert result.returncode == 0, describe(result)
+    assert "epoch 2/2" in result.stdout
+    assert os.path.exists(tmp_path / "metrics.jsonl") and os.path.exists(tmp_path / "config.json")

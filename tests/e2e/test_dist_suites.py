@@ -1,0 +1,19 @@
+"""Launch the distributed suites (tests/dist) the way Horovod's CI does: 2 ranks, one framework per job."""
+import pytest
+
+from tests.helpers import PY, describe, have_mpirun, horovodrun, mpirun, run
+
+LAUNCHERS = {"horovodrun-gloo": lambda *cmd: horovodrun(2, *cmd), "mpirun": lambda *cmd: mpirun(2, *cmd)}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_dist_suite(framework, launcher):
+    if launcher == "mpirun" and not have_mpirun():
+        pytest.skip("mpirun not installed (apt-get install openmpi-bin libopenmpi-dev)")
+    cmd = LAUNCHERS[launcher](PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/dist",
+                              "--framework", framework)
+    result = run(cmd, timeout=240)
+    assert result.returncode == 0, describe(result)
+    assert result.output.count(" passed") >= 2, "both ranks must report their tests passed\n" + describe(result)
+    assert " failed" not in result.output, describe(result)

@@ -1,0 +1,49 @@
+"""MNIST-format digits on 2 workers: accuracy under both launchers, and PyTorch/MXNet parity."""
+import os
+
+import pytest
+
+from tests.e2e.conftest import read_metrics
+from tests.helpers import PY, describe, have_mpirun, horovodrun, mpirun, run
+
+RESULTS = {}
+
+
+def train(launcher, framework, digits, out, *extra):
+    cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--data-dir", digits,
+           "--output-dir", out, "--resume", "never", *extra]
+    wrap = {"horovodrun": lambda c: horovodrun(2, *c), "mpirun": lambda c: mpirun(2, *c)}[launcher]
+    result = run(wrap(cmd), timeout=300)
+    assert result.returncode == 0, describe(result)
+    return result
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_mnist_reaches_97_percent_on_2_workers(framework, launcher, digits, tmp_path):
+    if launcher == "mpirun" and not have_mpirun():
+        pytest.skip("mpirun not installed")
+    out = str(tmp_path / "run")
+    result = train(launcher, framework, digits, out)
+    records = read_metrics(out)
+    last = records[-1]
+    assert [r["epoch"] for r in records] == list(range(1, 21))
+    assert last["world_size"] == 2 and last["framework"] == framework
+    assert last["val_accuracy"] >= 0.97, f"{framework}/{launcher}: {last}"
+    for key in ("train_loss", "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"):
+        assert isinstance(last[key], float), key
+    assert os.path.exists(os.path.join(out, "config.json"))
+    assert any(n.startswith("events.out.tfevents") for n in os.listdir(os.path.join(out, "tensorboard")))
+    assert "metrics.jsonl" in result.stdout, "the run ends by saying where the metrics are"
+    RESULTS[(framework, launcher)] = last["val_accuracy"]
+
+
+def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path):
+    acc = {}
+    for framework in ("torch", "mxnet"):
+        if (framework, "horovodrun") not in RESULTS:
+            out = str(tmp_path / framework)
+            train("horovodrun", framework, digits, out)
+            RESULTS[(framework, "horovodrun")] = read_metrics(out)[-1]["val_accuracy"]
+        acc[framework] = RESULTS[(framework, "horovodrun")]
+    assert abs(acc["torch"] - acc["mxnet"]) <= 0.015, acc
