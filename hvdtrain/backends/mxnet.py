@@ -138,8 +138,22 @@ class MXNetBackend(Backend):
         counts = self.broadcast_object({"num_update": opt.num_update,
                                         "index": {str(k): v for k, v in opt._index_update_count.items()}}
                                        if self.rank == 0 else None)
-        opt.num_update = counts["num_update"]
-        opt._index_update_count = {int(k): v for k, v in counts["index"].items()}
+        self._set_update_counts(counts["num_update"], {int(k): v for k, v in counts["index"].items()})
+
+    def _set_update_counts(self, num_update: int, per_index: Dict[int, int]) -> None:
+        """Restore the optimizer's update counts (Adam's bias correction and schedulers read them).
+
+        The Updater re-points ``_index_update_count`` at ``_all_index_update_counts[device]`` before every update,
+        so the counts are written there, for every device entry, not into a new dict.
+        """
+        opt = self.trainer._optimizer
+        opt.num_update = int(num_update)
+        device = self.ctx.device_id
+        for d in set(opt._all_index_update_counts) | {device}:
+            table = opt._all_index_update_counts.setdefault(d, {})
+            table.clear()
+            table.update(per_index)
+        opt._set_current_context(device)
 
     def shutdown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
@@ -261,6 +275,5 @@ class MXNetBackend(Backend):
                 raise ValueError(f"optimizer state of {name} has {len(arrays)} arrays, the optimizer {len(targets)}")
             for target, value in zip(targets, arrays):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
-        opt.num_update = int(state["optimizer"]["num_update"])
-        opt._index_update_count = {index[id(params[n])]: int(c)
-                                   for n, c in state["optimizer"]["index_update_count"].items()}
+        self._set_update_counts(state["optimizer"]["num_update"],
+                                {index[id(params[n])]: int(c) for n, c in state["optimizer"]["index_update_count"].items()})

@@ -1,0 +1,77 @@
+"""Resume: a run stopped after epoch 2 and resumed ends bitwise equal to an uninterrupted run (CPU).
+
+Bitwise is achievable because everything a step depends on is restored or replayed: weights and optimizer state come
+from the checkpoint (broadcast from rank 0), the sampler's order depends only on (seed, epoch), and every rank reseeds
+its random generators from (seed, epoch, rank) at the start of each epoch, so dropout and augmentation draw the same
+numbers after a resume as without one.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from hvdtrain import checkpoint
+from tests.e2e.conftest import read_metrics
+from tests.helpers import PY, describe, horovodrun, run
+
+
+def flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from flat(v, f"{prefix}/{k}")
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from flat(v, f"{prefix}/{i}")
+    else:
+        yield prefix, tree
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_stopped_and_resumed_equals_uninterrupted(framework, digits, tmp_path):
+    def train(out, *extra):
+        cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--data-dir", digits,
+               "--epochs", "4", "--output-dir", out, *extra]
+        result = run(horovodrun(2, *cmd), timeout=240)
+        assert result.returncode == 0, describe(result)
+        return result
+
+    full, split = str(tmp_path / "full"), str(tmp_path / "split")
+    train(full, "--resume", "never")
+    train(split, "--resume", "never", "--max-steps", "44")  # 22 steps per epoch at np=2: stops after epoch 2
+    assert [r["epoch"] for r in read_metrics(split)] == [1, 2]
+    resumed = train(split)  # --resume auto is the default
+    assert "resuming from" in resumed.output and "e0002" in resumed.output
+    assert [r["epoch"] for r in read_metrics(split)] == [1, 2, 3, 4]
+
+    a = checkpoint.load(checkpoint.latest_valid(os.path.join(full, "checkpoints")))
+    b = checkpoint.load(checkpoint.latest_valid(os.path.join(split, "checkpoints")))
+    assert a["trainer"]["epoch"] == b["trainer"]["epoch"] == 4
+    assert a["trainer"]["global_step"] == b["trainer"]["global_step"] == 88
+    fa, fb = dict(flat(a["backend"])), dict(flat(b["backend"]))
+    assert fa.keys() == fb.keys()
+    for key in fa:
+        if isinstance(fa[key], np.ndarray):
+            np.testing.assert_array_equal(fa[key], fb[key], err_msg=key)
+        else:
+            assert fa[key] == fb[key], key
+    la, lb = read_metrics(full)[-1], read_metrics(split)[-1]
+    assert la["val_accuracy"] == lb["val_accuracy"] and la["train_loss"] == lb["train_loss"]
+
+
+def test_resume_of_a_finished_run_trains_nothing(digits, tmp_path):
+    out = str(tmp_path / "run")
+    cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--epochs", "1", "--output-dir", out]
+    assert run(horovodrun(2, *cmd), timeout=240).returncode == 0
+    again = run(horovodrun(2, *cmd), timeout=240)
+    assert again.returncode == 0, describe(again)
+    assert "nothing to train" in again.output
+    assert len(read_metrics(out)) == 1
+
+
+def test_checkpoint_of_another_framework_is_refused_on_every_rank(digits, tmp_path):
+    out = str(tmp_path / "run")
+    base = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--epochs", "1", "--output-dir", out]
+    assert run(horovodrun(2, *base, "--framework", "torch"), timeout=240).returncode == 0
+    other = run(horovodrun(2, *base, "--framework", "mxnet", "--epochs", "2"), timeout=240)
+    assert other.returncode != 0
+    assert "written by recipe mnist on torch, not mnist on mxnet" in other.output
