@@ -15,7 +15,7 @@ MXNET_SPEC  ?= mxnet==1.9.1
 GLUONCV_SPEC ?= gluoncv==0.10.5.post0
 NP          ?= 2
 DATA        ?= data/digits
-PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -q -c $(CONSTRAINTS)
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q -c $(CONSTRAINTS)
 
 export HOROVOD_GPU_OPERATIONS
 
