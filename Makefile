@@ -17,7 +17,9 @@ NP          ?= 2
 DATA        ?= data/digits
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q -c $(CONSTRAINTS)
 
+ifdef HOROVOD_GPU_OPERATIONS
 export HOROVOD_GPU_OPERATIONS
+endif
 
 .PHONY: install deps horovod demo demo-mxnet test test-unit data doctor clean
 

@@ -57,6 +57,14 @@ class TrainConfig:
     """Use Nesterov momentum with SGD."""
     weight_decay: float = 0.0
     """L2 weight decay."""
+    no_wd: bool = False
+    """Exempt biases and normalization parameters (1-d tensors) from weight decay."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the training loss: (1 - e) x cross-entropy + e x mean over classes of -log p."""
+    mixup: float = 0.0
+    """Mixup alpha: blend each batch with its reverse by lambda ~ Beta(alpha, alpha) (0: off)."""
+    mixup_off_epoch: int = 0
+    """Stop mixup for the last N epochs."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """Numerical precision of the forward and backward pass."""
     fp16_allreduce: bool = False
@@ -107,6 +115,10 @@ class TrainConfig:
             raise ConfigError(f"--lr-decay must be in (0, 1], got {self.lr_decay}")
         if list(self.lr_milestones) != sorted(self.lr_milestones):
             raise ConfigError(f"--lr-milestones must be increasing, got {','.join(map(str, self.lr_milestones))}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        if self.mixup < 0 or self.mixup_off_epoch < 0:
+            raise ConfigError("--mixup and --mixup-off-epoch must be 0 or more")
         if self.adasum and self.predivide != 1.0:
             raise ConfigError("--predivide cannot be combined with --adasum")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):

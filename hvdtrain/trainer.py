@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from . import checkpoint, schedule
 from .backends import make_backend
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
@@ -112,6 +114,10 @@ class Trainer:
         for epoch in range(self.start_epoch, cfg.epochs):
             backend.seed(self._rank_seed(epoch))
             train_sampler.set_epoch(epoch)
+            if hasattr(train_set, "set_epoch"):  # per-sample augmentation seeds
+                train_set.set_epoch(epoch)
+            mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
+            mix_rng = np.random.default_rng([cfg.seed, epoch])  # the same lambda on every rank
             batches = backend.loader(train_set, train_sampler, cfg.batch_size, drop_last=True,
                                      num_workers=cfg.num_workers)
             for cb in callbacks:
@@ -121,7 +127,8 @@ class Trainer:
             for i in range(steps):
                 lr = self.lr_at(epoch + i / steps)
                 backend.set_lr(lr)
-                out = backend.train_step(self._next_micro_batches(batches))
+                mix = float(mix_rng.beta(cfg.mixup, cfg.mixup)) if mixing else None
+                out = backend.train_step(self._next_micro_batches(batches), mix=mix)
                 sums = {k: sums.get(k, 0) + v for k, v in out.items()}
                 done += 1
                 self.global_step += 1

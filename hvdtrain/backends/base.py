@@ -60,7 +60,8 @@ class Backend(abc.ABC):
 
     # --- steps -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+    def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
+        """One optimizer step over ``micro_batches``; ``mix`` is the mixup weight of this step (None: no mixup)."""
         ...
 
     @abc.abstractmethod

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
+from ..vision import RecordIODataset
 from .base import Backend, cpu_threads_per_rank
 
 
@@ -56,8 +57,6 @@ class MXNetBackend(Backend):
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
-        if cfg.precision != "fp32":
-            raise ConfigError(f"--precision {cfg.precision} is not available on --framework mxnet yet; use fp32")
         if cfg.adasum:
             raise ConfigError("--adasum is supported on --framework torch only (horovod.mxnet has no Adasum trainer)")
         # Horovod: ranks on one host share its cores (horovod#2804). MXNet reads OMP_NUM_THREADS when its engine
@@ -77,11 +76,19 @@ class MXNetBackend(Backend):
         # Horovod: one GPU per process, chosen by local rank.
         self.ctx = mx.gpu(self.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
         self.device = self.ctx
+        self.precision = cfg.precision
+        if cfg.precision == "fp16" and self.ctx.device_type == "cpu":
+            raise ConfigError("--precision fp16 needs a GPU on --framework mxnet (MXNet has no fp16 GEMM on the "
+                              "CPU); use --precision bf16 on the CPU")
+        if cfg.precision == "bf16":
+            from mxnet.contrib import amp
+            # AMP rewrites operators as they are created: before the network is built.
+            amp.init(target_dtype="bfloat16")
 
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         mx, hvd = self.mx, self.hvd
         self.model = model
-        self.loss_fn = loss_fn or mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        self.loss_fn = loss_fn or self._cross_entropy(cfg.label_smoothing)
         self.accumulate = cfg.accumulate
         params = model.collect_params()
         # Layers the recipe did not initialise get PyTorch's default: uniform(+-1/sqrt(fan_in)) weights
@@ -94,15 +101,21 @@ class MXNetBackend(Backend):
             # layout, and a broadcast into such an array would write bytes in the wrong layout.
             with mx.autograd.train_mode():
                 model(mx.nd.zeros((1,) + tuple(sample_shape), ctx=self.ctx)).wait_to_read()
+        if cfg.precision == "fp16":  # float16 network, float32 master weights in the optimizer
+            model.cast("float16")
         model.hybridize(static_alloc=True)
         if cfg.accumulate > 1:
             params.setattr("grad_req", "add")
+        if cfg.no_wd:  # biases and normalization parameters (1-d) without weight decay
+            for p in params.values():
+                if len(p.shape) <= 1:
+                    p.wd_mult = 0.0
+        multi = cfg.precision == "fp16"
         if cfg.optimizer == "sgd":
-            opt = mx.optimizer.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay)
-            if cfg.nesterov:
-                opt = mx.optimizer.NAG(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay)
+            kind = mx.optimizer.NAG if cfg.nesterov else mx.optimizer.SGD
+            opt = kind(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay, multi_precision=multi)
         else:
-            opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay)
+            opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay, multi_precision=multi)
         # Horovod: allreduce the gradients inside trainer.step (sum, then / size: the average across ranks).
         self.trainer = hvd.DistributedTrainer(
             params, opt,
@@ -160,12 +173,27 @@ class MXNetBackend(Backend):
             self.hvd.shutdown()
 
     # --- steps -----------------------------------------------------------------------------------------------------
-    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+    def _cross_entropy(self, smoothing: float):
+        """Per-sample softmax cross-entropy in float32, with label smoothing defined as in PyTorch."""
+        nd = self.mx.nd
+
+        def loss(logits, y):
+            logp = nd.log_softmax(logits.astype("float32"), axis=1)
+            nll = -nd.pick(logp, y, axis=1)
+            return nll if smoothing == 0 else (1 - smoothing) * nll - smoothing * logp.mean(axis=1)
+        return loss
+
+    def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
         autograd = self.mx.autograd
         total, samples = None, 0
         for x, y in micro_batches:
+            if mix is not None:  # mixup with the batch in reverse order
+                x = mix * x + (1.0 - mix) * x.flip(axis=0)
             with autograd.record():
-                loss = self.loss_fn(self.model(x), y)  # per-sample losses; backward sums their gradients
+                logits = self.model(x)
+                loss = self.loss_fn(logits, y)  # per-sample losses; backward sums their gradients
+                if mix is not None:
+                    loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(axis=0))
             loss.backward()
             mean = loss.mean() / len(micro_batches)
             total = mean if total is None else total + mean
@@ -183,7 +211,7 @@ class MXNetBackend(Backend):
         logits = self.model(x).astype("float32")
         k = min(5, logits.shape[1])
         top = nd.topk(logits, axis=1, k=k, ret_typ="indices")
-        return {"loss_sum": self.loss_fn(logits, y).sum(),
+        return {"loss_sum": self._cross_entropy(0.0)(logits, y).sum(),
                 "correct": (nd.argmax(logits, axis=1) == y).sum(),
                 "correct5": (top == y.reshape((-1, 1))).sum(),
                 "count": nd.array([x.shape[0]], ctx=self.ctx)}
@@ -204,6 +232,8 @@ class MXNetBackend(Backend):
         x, y = batch
         nd = self.mx.nd
         x = x.as_in_context(self.ctx) if isinstance(x, nd.NDArray) else nd.array(x, ctx=self.ctx)
+        if self.precision == "fp16":
+            x = x.astype("float16")
         y = (y.as_in_context(self.ctx) if isinstance(y, nd.NDArray) else nd.array(y, ctx=self.ctx)).astype("float32")
         return x, y
 
@@ -216,10 +246,39 @@ class MXNetBackend(Backend):
             return ((x, y) for _ in range(len(sampler) // batch_size))
         if isinstance(dataset, ArrayDataset):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
+        if isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train:
+            return self._record_iter(dataset, len(sampler) // batch_size, batch_size)
         loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
                                                num_workers=num_workers)
         return map(self._to_device, loader)
+
+    def _record_iter(self, dataset: RecordIODataset, steps: int, batch_size: int) -> Iterator[Any]:
+        """Training batches from MXNet's C++ ImageRecordIter, this rank's part of the file (num_parts/part_index),
+        with the same augmentation as ImageTransform; exactly ``steps`` batches (the iterator restarts if a short
+        part runs out), so every rank runs the same number of steps."""
+        mx, t = self.mx, dataset.transform
+        mean, std = (255 * np.asarray(t.mean).ravel()), (255 * np.asarray(t.std).ravel())
+        it = mx.io.ImageRecordIter(
+            path_imgrec=dataset.rec_path, path_imgidx=dataset.idx_path, data_shape=(3, t.size, t.size),
+            batch_size=batch_size, shuffle=True, seed=dataset.seed + dataset.epoch,
+            # Horovod: each rank reads its own part of the record file.
+            num_parts=self.size, part_index=self.rank,
+            random_resized_crop=True, min_random_area=0.08, max_random_area=1.0,
+            min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=True,
+            mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2],
+            preprocess_threads=self.threads, round_batch=True)
+        done = 0
+        while done < steps:
+            before = done
+            for batch in it:
+                if done == steps:
+                    break
+                yield self._to_device((batch.data[0], batch.label[0]))
+                done += 1
+            if done == before:
+                raise RuntimeError(f"{dataset.rec_path}: part {self.rank} of {self.size} holds no records")
+            it.reset()
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:

@@ -70,9 +70,13 @@ class TorchBackend(Backend):
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         hvd = self.hvd
         self.model = model.to(self.device)
-        self.loss_fn = loss_fn or F.cross_entropy
+        smoothing = cfg.label_smoothing
+        self.loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, label_smoothing=smoothing))
         self.accumulate = cfg.accumulate
         params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.no_wd:  # biases and normalization weights (1-d) without weight decay
+            params = [{"params": [p for p in params if p.ndim > 1]},
+                      {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
         if cfg.optimizer == "sgd":
             opt = torch.optim.SGD(params, lr=cfg.base_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                   weight_decay=cfg.weight_decay)
@@ -108,14 +112,20 @@ class TorchBackend(Backend):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, micro_batches: List[Any]) -> Dict[str, Any]:
+    def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
         self.model.train()
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for x, y in micro_batches:
+            if mix is not None:  # mixup with the batch in reverse order
+                x = mix * x + (1.0 - mix) * x.flip(0)
             with self._autocast():
+                logits = self.model(x)
+                loss = self.loss_fn(logits, y)
+                if mix is not None:
+                    loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(0))
                 # The mean over n micro-batches: accumulation equals one batch n times larger.
-                loss = self.loss_fn(self.model(x), y) / n
+                loss = loss / n
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:
@@ -142,13 +152,11 @@ class TorchBackend(Backend):
         with self._autocast():
             logits = self.model(x)
         logits = logits.float()
-        out = {"loss_sum": F.cross_entropy(logits, y, reduction="sum"),
-               "correct": (logits.argmax(dim=1) == y).sum(),
-               "count": torch.tensor(float(y.numel()), device=self.device)}
-        if logits.shape[1] >= 5:
-            top5 = logits.topk(5, dim=1).indices
-            out["correct5"] = (top5 == y[:, None]).any(dim=1).sum()
-        return out
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        return {"loss_sum": F.cross_entropy(logits, y, reduction="sum"),
+                "correct": (logits.argmax(dim=1) == y).sum(),
+                "correct5": (top5 == y[:, None]).any(dim=1).sum(),
+                "count": torch.tensor(float(y.numel()), device=self.device)}
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -1,0 +1,229 @@
+"""Image datasets for both frameworks, with no framework inside: ImageFolder, MXNet RecordIO, and the ImageNet
+transforms, all on PIL and numpy. A sample is (float32 CHW array, int label).
+
+Augmentation is deterministic per (seed, epoch, sample index): every sample draws from its own generator, so results
+do not depend on which loader worker decoded it, and a resumed run replays the same crops.
+
+RecordIO is MXNet's format (what GluonCV and Horovod's MXNet example train on), read and written here in pure
+Python: each record is ``0xced7230a``, a uint32 whose low 29 bits are the length, the payload padded to 4 bytes; the
+payload of an image record is the IRHeader ``<IfQQ`` (flag, label, id, id2) followed by the encoded image. The
+``.idx`` file lists ``key<TAB>byte offset`` per line.
+"""
+from __future__ import annotations
+
+import io
+import math
+import os
+import struct
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+
+
+class ImageTransform:
+    """train: random-resized-crop to ``size`` (area 8%-100%, aspect 3/4-4/3) and a horizontal flip;
+    val: resize the shorter side to ``resize`` and center-crop ``size``. Then scale to [0, 1] and normalize."""
+
+    def __init__(self, train: bool, size: int = 224, resize: int = 256,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD):
+        self.train, self.size, self.resize = train, size, resize
+        self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
+        self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
+
+    def _random_resized_crop(self, img, rng: np.random.Generator):
+        from PIL import Image
+        w, h = img.size
+        area = w * h
+        for _ in range(10):
+            target = area * rng.uniform(0.08, 1.0)
+            aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+            if 0 < cw <= w and 0 < ch <= h:
+                x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+                return img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+        side = min(w, h)  # fallback: the central square
+        x, y = (w - side) // 2, (h - side) // 2
+        return img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + side, y + side))
+
+    def _resize_center_crop(self, img):
+        from PIL import Image
+        w, h = img.size
+        scale = self.resize / min(w, h)
+        img = img.resize((max(self.size, round(w * scale)), max(self.size, round(h * scale))), Image.BILINEAR)
+        w, h = img.size
+        x, y = (w - self.size) // 2, (h - self.size) // 2
+        return img.crop((x, y, x + self.size, y + self.size))
+
+    def __call__(self, img, rng: Optional[np.random.Generator]) -> np.ndarray:
+        from PIL import Image
+        if self.train:
+            img = self._random_resized_crop(img, rng)
+            if rng.random() < 0.5:
+                img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        else:
+            img = self._resize_center_crop(img)
+        arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        return (arr - self.mean) / self.std
+
+
+def decode_image(data_or_path, name: str):
+    """An RGB PIL image; an unreadable or corrupt image raises an error that names it."""
+    from PIL import Image
+    try:
+        img = Image.open(io.BytesIO(data_or_path) if isinstance(data_or_path, bytes) else data_or_path)
+        img.load()
+        return img.convert("RGB")
+    except Exception as e:  # noqa: BLE001 - PIL raises many types; all mean the same to the user
+        raise RuntimeError(f"cannot decode image {name}: {type(e).__name__}: {e}") from None
+
+
+class _Augmented:
+    """Per-sample generators from (seed, epoch, index); ``set_epoch`` is called by the Trainer."""
+
+    seed: int = 0
+    epoch: int = 0
+    transform: Optional[Callable] = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch, index])
+
+    def _finish(self, img, label: int, index: int):
+        x = self.transform(img, self._rng(index)) if self.transform is not None else np.asarray(img)
+        return x, label
+
+
+class ImageFolder(_Augmented):
+    """``root/CLASS/*.jpg``: classes are the sorted subdirectory names, samples sorted by path within a class."""
+
+    def __init__(self, root: str, transform: Optional[Callable] = None, seed: int = 0):
+        self.root, self.transform, self.seed = root, transform, seed
+        self.classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples: List[Tuple[str, int]] = []
+        for label, cls in enumerate(self.classes):
+            for dirpath, _, files in sorted(os.walk(os.path.join(root, cls))):
+                for name in sorted(files):
+                    if name.lower().endswith(EXTENSIONS):
+                        self.samples.append((os.path.join(dirpath, name), label))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, label = self.samples[index]
+        return self._finish(decode_image(path, path), label, index)
+
+
+# --- RecordIO --------------------------------------------------------------------------------------------------------
+_MAGIC = 0xCED7230A
+_IR_FORMAT = "<IfQQ"
+_IR_SIZE = struct.calcsize(_IR_FORMAT)
+
+
+def pack_image_record(label: float, image_bytes: bytes, key: int) -> bytes:
+    return struct.pack(_IR_FORMAT, 0, float(label), key, 0) + image_bytes
+
+
+def write_record(f, payload: bytes) -> None:
+    f.write(struct.pack("<II", _MAGIC, len(payload)))
+    f.write(payload)
+    f.write(b"\x00" * ((4 - len(payload) % 4) % 4))
+
+
+def read_record(f, offset: int, name: str) -> bytes:
+    f.seek(offset)
+    head = f.read(8)
+    if len(head) < 8:
+        raise RuntimeError(f"{name}: record at byte {offset} is past the end of the file")
+    magic, lrec = struct.unpack("<II", head)
+    if magic != _MAGIC:
+        raise RuntimeError(f"{name}: no RecordIO record at byte {offset} (bad magic); is the .idx from this .rec?")
+    if lrec >> 29:
+        raise RuntimeError(f"{name}: multi-part record at byte {offset} is not supported")
+    payload = f.read(lrec & ((1 << 29) - 1))
+    if len(payload) != lrec & ((1 << 29) - 1):
+        raise RuntimeError(f"{name}: record at byte {offset} is truncated")
+    return payload
+
+
+def unpack_image_record(payload: bytes) -> Tuple[float, int, bytes]:
+    flag, label, key, _ = struct.unpack(_IR_FORMAT, payload[:_IR_SIZE])
+    body = payload[_IR_SIZE:]
+    if flag > 0:  # label is an array of `flag` floats; the first is the class
+        label = struct.unpack(f"<{flag}f", body[:4 * flag])[0]
+        body = body[4 * flag:]
+    return label, key, body
+
+
+def read_index(idx_path: str) -> List[Tuple[int, int]]:
+    out = []
+    with open(idx_path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.split()
+            if len(parts) != 2:
+                raise RuntimeError(f"{idx_path}:{n}: expected 'key<TAB>offset'")
+            out.append((int(parts[0]), int(parts[1])))
+    return out
+
+
+class RecordIODataset(_Augmented):
+    """Random access to an indexed RecordIO file (``.rec`` + ``.idx``), in ``.idx`` order.
+
+    ``train`` and the transform's ``size`` / ``resize`` also tell the MXNet backend how to build its C++
+    ``ImageRecordIter`` for training (sharded with num_parts/part_index)."""
+
+    def __init__(self, rec_path: str, idx_path: str, transform: Optional[ImageTransform] = None, seed: int = 0):
+        self.rec_path, self.idx_path, self.transform, self.seed = rec_path, idx_path, transform, seed
+        self.index = read_index(idx_path)
+        self._file = None
+        self._pid = None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getstate__(self):  # loader workers open their own file handle
+        state = dict(self.__dict__)
+        state["_file"] = None
+        return state
+
+    def read(self, index: int) -> Tuple[float, bytes]:
+        if self._file is None or self._pid != os.getpid():
+            self._file, self._pid = open(self.rec_path, "rb"), os.getpid()
+        key, offset = self.index[index]
+        label, _, body = unpack_image_record(read_record(self._file, offset, self.rec_path))
+        return label, body
+
+    def __getitem__(self, index: int):
+        label, body = self.read(index)
+        key = self.index[index][0]
+        return self._finish(decode_image(body, f"{self.rec_path} record {key}"), int(label), index)
+
+
+def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality: int = 95) -> int:
+    """Pack an ImageFolder into ``prefix.rec`` / ``prefix.idx`` (labels by class index). Images are stored as their
+    original bytes, or re-encoded as JPEG with the longer side capped at ``max_side`` when it is set."""
+    from PIL import Image
+    tmp_rec, tmp_idx = prefix + ".rec.tmp", prefix + ".idx.tmp"
+    with open(tmp_rec, "wb") as rec, open(tmp_idx, "w") as idx:
+        for key, (path, label) in enumerate(folder.samples):
+            if max_side:
+                img = decode_image(path, path)
+                img.thumbnail((max_side, max_side), Image.BILINEAR)
+                buf = io.BytesIO()
+                img.save(buf, format="JPEG", quality=quality)
+                data = buf.getvalue()
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+                decode_image(data, path)  # refuse a corrupt image now, not in the middle of training
+            idx.write(f"{key}\t{rec.tell()}\n")
+            write_record(rec, pack_image_record(label, data, key))
+    os.replace(tmp_rec, prefix + ".rec")
+    os.replace(tmp_idx, prefix + ".idx")
+    return len(folder.samples)

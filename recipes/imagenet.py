@@ -1,0 +1,146 @@
+"""ImageNet with ResNet: the large-batch recipe of Goyal et al. on PyTorch or MXNet Gluon.
+
+    horovodrun -np 16 -H server1:4,server2:4,server3:4,server4:4 \\
+        python -m hvdtrain recipe imagenet --framework mxnet --data-dir /data/imagenet
+
+Data (``--data-format``, one flag for both frameworks):
+  imagefolder  DIR/train/CLASS/*.JPEG and DIR/val/CLASS/*.JPEG, decoded in loader workers;
+  recordio     DIR/train.rec + train.idx and DIR/val.rec + val.idx (scripts/make_recordio.py builds them); MXNet
+               trains from them with its C++ ImageRecordIter, one part per rank;
+  auto         imagefolder when DIR/train/ exists, else recordio.
+Models: GluonCV's model zoo on MXNet; the same architectures written with torchvision's names on PyTorch.
+Schedule: lr 0.1 per 256 images of global batch, 5 warmup epochs, step decay at 30/60/80 (or --lr-mode cosine),
+momentum 0.9, weight decay 1e-4. A full run should reach GluonCV's published 77.67% top-1 for ResNet50_v1b.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal, Tuple
+
+from hvdtrain import ConfigError, TrainConfig, Trainer
+from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset
+
+# --model -> (architecture of recipes.resnet_torch, stride in the first 1x1 convolution: ResNet v1)
+MODELS = {"resnet50_v1b": ("resnet50", False), "resnet50_v1": ("resnet50", True),
+          "resnet18_v1b": ("resnet18", False), "resnet101_v1b": ("resnet101", False)}
+
+
+@dataclass
+class ImageNetConfig(TrainConfig):
+    """ImageNet defaults: Goyal et al.'s schedule, per-worker batch 32."""
+
+    epochs: int = 90
+    """Number of passes over the training set."""
+    batch_size: int = 32
+    """Samples per worker per step; the global batch is batch_size x world size x accumulate."""
+    base_lr: float = 0.0
+    """Learning rate for one worker and one micro-batch (0: --lr-per-256 x batch-size / 256)."""
+    lr_per_256: float = 0.1
+    """Learning rate per 256 images of global batch (Goyal et al.), used when --base-lr is 0."""
+    warmup_epochs: float = 5.0
+    """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
+    lr_mode: Literal["step", "cosine", "poly", "constant"] = "step"
+    """Decay after warmup: step (x --lr-decay at each milestone), cosine, poly or constant."""
+    lr_milestones: Tuple[int, ...] = (30, 60, 80)
+    """Epochs at which step decay multiplies the learning rate by --lr-decay, e.g. 30,60,80."""
+    weight_decay: float = 1e-4
+    """L2 weight decay."""
+    num_workers: int = 4
+    """Data loader worker processes per rank (0: load in the training process)."""
+    model: Literal["resnet50_v1b", "resnet50_v1", "resnet18_v1b", "resnet101_v1b"] = "resnet50_v1b"
+    """Network: GluonCV's model of this name on MXNet, the same architecture on PyTorch (v1b = torchvision's)."""
+    last_gamma: bool = False
+    """Zero-initialise the last BatchNorm gamma of each residual block."""
+    data_dir: str = "data/imagenet"
+    """ImageFolder (train/, val/) or RecordIO (train.rec/.idx, val.rec/.idx) directory."""
+    data_format: Literal["auto", "imagefolder", "recordio"] = "auto"
+    """Data layout in --data-dir: auto, imagefolder or recordio."""
+    num_classes: int = 0
+    """Classes (0: the number of class directories of an ImageFolder, 1000 for RecordIO)."""
+    image_size: int = 224
+    """Side of the training and validation crops."""
+    val_resize: int = 256
+    """Validation images are resized to this shorter side, then center-cropped to --image-size."""
+
+    def __post_init__(self):
+        if self.base_lr == 0.0:
+            self.base_lr = self.lr_per_256 * self.batch_size / 256
+
+    def validate(self) -> None:
+        super().validate()
+        if self.image_size < 16 or self.val_resize < self.image_size:
+            raise ConfigError(f"--image-size must be at least 16 and --val-resize at least --image-size, got "
+                              f"{self.image_size} and {self.val_resize}")
+        if self.num_classes < 0:
+            raise ConfigError(f"--num-classes must be 0 (auto) or more, got {self.num_classes}")
+
+
+class ImageNetTrainer(Trainer):
+    """ResNet on ImageNet (ImageFolder or RecordIO), fp32/fp16/bf16, PyTorch or MXNet."""
+
+    name = "imagenet"
+    config_class = ImageNetConfig
+    report_top5 = True
+
+    @property
+    def input_shape(self):
+        return (3, self.cfg.image_size, self.cfg.image_size)
+
+    @property
+    def num_classes(self) -> int:
+        if self.cfg.num_classes:
+            return self.cfg.num_classes
+        if self._format() == "imagefolder" and os.path.isdir(os.path.join(self.cfg.data_dir, "train")):
+            return len(ImageFolder(os.path.join(self.cfg.data_dir, "train")).classes)
+        return 1000
+
+    def _format(self) -> str:
+        cfg = self.cfg
+        if cfg.data_format != "auto":
+            return cfg.data_format
+        return "imagefolder" if os.path.isdir(os.path.join(cfg.data_dir, "train")) else "recordio"
+
+    def check(self) -> None:
+        super().check()
+        cfg = self.cfg
+        if cfg.synthetic:
+            return
+        d = cfg.data_dir
+        if not os.path.isdir(d):
+            raise ConfigError(f"--data-dir {d} does not exist; it needs train/ and val/ class folders (ImageFolder) "
+                              f"or train.rec, train.idx, val.rec, val.idx (RecordIO); or pass --synthetic")
+        if self._format() == "imagefolder":
+            for split in ("train", "val"):
+                path = os.path.join(d, split)
+                if not os.path.isdir(path):
+                    raise ConfigError(f"--data-dir {d} lacks {split}/ (ImageFolder layout: {split}/CLASS/*.JPEG)")
+                if len(ImageFolder(path)) == 0:
+                    raise ConfigError(f"{path} holds no images (.jpg, .jpeg, .png, ...) in class folders")
+        else:
+            missing = [n for n in ("train.rec", "train.idx", "val.rec", "val.idx")
+                       if not os.path.isfile(os.path.join(d, n))]
+            if missing:
+                raise ConfigError(f"--data-dir {d} lacks {', '.join(missing)} (RecordIO); build them from an "
+                                  f"ImageFolder with 'python scripts/make_recordio.py IMAGEFOLDER_DIR {d}'")
+
+    def datasets(self):
+        cfg, d = self.cfg, self.cfg.data_dir
+        train_t = ImageTransform(train=True, size=cfg.image_size, resize=cfg.val_resize)
+        val_t = ImageTransform(train=False, size=cfg.image_size, resize=cfg.val_resize)
+        if self._format() == "imagefolder":
+            return (ImageFolder(os.path.join(d, "train"), train_t, seed=cfg.seed),
+                    ImageFolder(os.path.join(d, "val"), val_t, seed=cfg.seed))
+        return (RecordIODataset(os.path.join(d, "train.rec"), os.path.join(d, "train.idx"), train_t, seed=cfg.seed),
+                RecordIODataset(os.path.join(d, "val.rec"), os.path.join(d, "val.idx"), val_t, seed=cfg.seed))
+
+    def build_torch(self):
+        from recipes.resnet_torch import resnet
+        arch, stride_in_1x1 = MODELS[self.cfg.model]
+        return resnet(arch, self.num_classes, last_gamma=self.cfg.last_gamma, stride_in_1x1=stride_in_1x1)
+
+    def build_mxnet(self):
+        from hvdtrain.backends.gluoncv_compat import import_gluoncv
+        gcv = import_gluoncv()
+        return gcv.model_zoo.get_model(self.cfg.model, pretrained=False, classes=self.num_classes,
+                                       last_gamma=self.cfg.last_gamma)
