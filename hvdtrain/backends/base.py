@@ -35,6 +35,20 @@ def cpu_threads_per_rank(local_size: int, requested: int = 0) -> int:
     return max(1, cores // max(1, local_size))
 
 
+def preload_image_codecs() -> None:
+    """Load Pillow's JPEG/PNG codecs before Horovod's framework library.
+
+    Horovod loads its extension with RTLD_GLOBAL, and libmxnet.so (which it links) exports its own libjpeg symbols:
+    when Pillow is imported after that, its decoder binds to MXNet's libjpeg and decodes JPEGs as zeros or fails with
+    "broken data stream". Importing PIL.Image first binds Pillow to its own libraries (extension modules are loaded
+    with RTLD_NOW).
+    """
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:  # no Pillow: nothing to protect
+        pass
+
+
 class Backend(abc.ABC):
     """Base class of the framework backends. Subclasses fill in the framework-specific methods below."""
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from ..vision import RecordIODataset
-from .base import Backend, cpu_threads_per_rank
+from .base import Backend, cpu_threads_per_rank, preload_image_codecs
 
 
 def _launcher_local_size() -> int:
@@ -63,6 +63,7 @@ class MXNetBackend(Backend):
         # starts, so it is set from the launcher's local size before mxnet is imported, and checked after init.
         self.threads = cpu_threads_per_rank(_launcher_local_size(), cfg.threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         import mxnet as mx
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd

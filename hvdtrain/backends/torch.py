@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend, cpu_threads_per_rank
+from .base import Backend, cpu_threads_per_rank, preload_image_codecs
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -50,6 +50,7 @@ class TorchBackend(Backend):
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
+        preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         import horovod.torch as hvd
         self.hvd = hvd
         # Horovod: start the background thread and join the job (rank, size, local rank from the launcher).
