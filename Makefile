@@ -21,7 +21,7 @@ ifdef HOROVOD_GPU_OPERATIONS
 export HOROVOD_GPU_OPERATIONS
 endif
 
-.PHONY: install deps horovod demo demo-mxnet test test-unit data doctor clean
+.PHONY: install deps horovod demo demo-mxnet imagenet-synthetic test test-unit data doctor clean
 
 install: deps horovod
 
@@ -48,6 +48,14 @@ demo: install data
 demo-mxnet: install data
 	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe mnist --framework mxnet \
 		--data-dir $(DATA) --output-dir runs/demo-mxnet --resume never
+
+# ResNet-50 on random tensors, 2 workers, a few steps per framework: the training step's img/s on this machine.
+imagenet-synthetic: install
+	@for fw in torch mxnet; do \
+		$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe imagenet --framework $$fw \
+			--synthetic --epochs 1 --warmup-epochs 0 --max-steps 10 --batch-size 16 --image-size 112 \
+			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
+	done
 
 test: install
 	$(PY) -m pytest -q

@@ -208,9 +208,22 @@ class RecordIODataset(_Augmented):
 def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality: int = 95) -> int:
     """Pack an ImageFolder into ``prefix.rec`` / ``prefix.idx`` (labels by class index). Images are stored as their
     original bytes, or re-encoded as JPEG with the longer side capped at ``max_side`` when it is set."""
-    from PIL import Image
     tmp_rec, tmp_idx = prefix + ".rec.tmp", prefix + ".idx.tmp"
-    with open(tmp_rec, "wb") as rec, open(tmp_idx, "w") as idx:
+    try:
+        _write_records(folder, tmp_rec, tmp_idx, max_side, quality)
+    except BaseException:
+        for tmp in (tmp_rec, tmp_idx):
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        raise
+    os.replace(tmp_rec, prefix + ".rec")
+    os.replace(tmp_idx, prefix + ".idx")
+    return len(folder.samples)
+
+
+def _write_records(folder: ImageFolder, rec_path: str, idx_path: str, max_side: int, quality: int) -> None:
+    from PIL import Image
+    with open(rec_path, "wb") as rec, open(idx_path, "w") as idx:
         for key, (path, label) in enumerate(folder.samples):
             if max_side:
                 img = decode_image(path, path)
@@ -224,6 +237,3 @@ def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality:
                 decode_image(data, path)  # refuse a corrupt image now, not in the middle of training
             idx.write(f"{key}\t{rec.tell()}\n")
             write_record(rec, pack_image_record(label, data, key))
-    os.replace(tmp_rec, prefix + ".rec")
-    os.replace(tmp_idx, prefix + ".idx")
-    return len(folder.samples)

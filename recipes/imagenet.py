@@ -141,6 +141,10 @@ class ImageNetTrainer(Trainer):
 
     def build_mxnet(self):
         from hvdtrain.backends.gluoncv_compat import import_gluoncv
+        import mxnet as mx
         gcv = import_gluoncv()
-        return gcv.model_zoo.get_model(self.cfg.model, pretrained=False, classes=self.num_classes,
-                                       last_gamma=self.cfg.last_gamma)
+        net = gcv.model_zoo.get_model(self.cfg.model, pretrained=False, classes=self.num_classes,
+                                      last_gamma=self.cfg.last_gamma)
+        # GluonCV's ImageNet initialisation (He, gaussian, fan-in); shapes resolve at the first forward pass.
+        net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
+        return net

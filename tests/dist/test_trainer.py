@@ -56,3 +56,26 @@ def test_uneven_shards_run_equal_steps(framework, tmp_path_factory):
     assert t.global_step == per_rank // 7
     assert_same_on_every_rank(t.backend, np.array([float(t.global_step)]), "steps per epoch")
     assert record["val_accuracy"] is not None
+
+
+def test_nonfinite_gradient_skips_the_step_on_every_rank(framework, tmp_path_factory):
+    if framework != "torch":
+        pytest.skip("dynamic loss scaling is the PyTorch fp16 path; MXNet's fp16 needs a GPU, bf16 needs no scaler")
+    import torch
+    t = tiny(framework, tmp_path_factory, precision="fp16")
+    t.setup()
+    backend = t.backend
+    before = fingerprint(backend.parameters_numpy())
+    scale = backend.scaler.get_scale()
+    x, y = torch.randn(8, 16), torch.zeros(8, dtype=torch.long)
+    if backend.rank == 1:
+        x[0, 0] = float("inf")  # only rank 1 sees it; the allreduce spreads the inf to every rank's gradient
+    backend.train_step([(x, y)])
+    after = fingerprint(backend.parameters_numpy())
+    np.testing.assert_array_equal(before, after, err_msg="the step must be skipped")
+    assert_same_on_every_rank(backend, after, "weights after a skipped step")
+    assert backend.scaler.get_scale() < scale, "the loss scale is lowered"
+    backend.train_step([(torch.randn(8, 16), y)])
+    moved = fingerprint(backend.parameters_numpy())
+    assert not np.array_equal(after, moved), "a finite step updates the weights"
+    assert_same_on_every_rank(backend, moved, "weights after a finite step")

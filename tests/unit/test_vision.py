@@ -1,0 +1,67 @@
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset, write_recordio
+from tests.helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    out = tmp_path_factory.mktemp("photos")
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_photo_folder.py"), str(out), "--tile", "48",
+                    "--train-per-class", "6", "--val-per-class", "2"], check=True, capture_output=True, timeout=120)
+    rec = tmp_path_factory.mktemp("rec")
+    made = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_recordio.py"), str(out), str(rec)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return str(out), str(rec)
+
+
+def test_imagefolder_and_recordio_give_the_same_samples(photos):
+    folder, rec = photos
+    for train in (True, False):
+        t = ImageTransform(train=train, size=32, resize=40)
+        a = ImageFolder(os.path.join(folder, "train"), t, seed=3)
+        b = RecordIODataset(os.path.join(rec, "train.rec"), os.path.join(rec, "train.idx"), t, seed=3)
+        assert len(a) == len(b) == 12 and a.classes == ["china", "flower"]
+        for i in range(len(a)):
+            (xa, ya), (xb, yb) = a[i], b[i]
+            assert ya == yb and xa.shape == xb.shape == (3, 32, 32)
+            np.testing.assert_array_equal(xa, xb)
+
+
+def test_recordio_files_are_readable_by_mxnet(photos):
+    mx = pytest.importorskip("mxnet")
+    _, rec = photos
+    reader = mx.recordio.MXIndexedRecordIO(os.path.join(rec, "val.idx"), os.path.join(rec, "val.rec"), "r")
+    header, img = mx.recordio.unpack_img(reader.read_idx(3))
+    assert header.label == 1.0 and img.shape == (48, 48, 3)
+
+
+def test_augmentation_is_deterministic_per_epoch_and_index(photos):
+    folder, _ = photos
+    ds = ImageFolder(os.path.join(folder, "train"), ImageTransform(train=True, size=32, resize=40), seed=1)
+    first = ds[0][0]
+    np.testing.assert_array_equal(first, ds[0][0])
+    ds.set_epoch(1)
+    assert not np.array_equal(first, ds[0][0])
+    val = ImageTransform(train=False, size=32, resize=40)
+    x = val(__import__("PIL.Image", fromlist=["Image"]).new("RGB", (80, 60), (255, 0, 0)), None)
+    assert x.shape == (3, 32, 32) and x[0].mean() > 2 and x[1].mean() < -1
+
+
+def test_corrupt_images_are_named(photos, tmp_path):
+    folder, _ = photos
+    bad = tmp_path / "train" / "flower"
+    bad.mkdir(parents=True)
+    (bad / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    ds = ImageFolder(str(tmp_path / "train"), ImageTransform(train=False, size=32, resize=40))
+    with pytest.raises(RuntimeError, match="broken.jpg"):
+        ds[0]
+    with pytest.raises(RuntimeError, match="broken.jpg"):
+        write_recordio(ds, str(tmp_path / "out"))
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("out")], "no partial RecordIO file is left"
