@@ -11,6 +11,7 @@ import traceback
 from typing import List, Optional
 
 from .config import ConfigError, help_text, parse_overrides
+from .faults import explain_failure, is_collective_failure
 
 USAGE = """usage: python -m hvdtrain COMMAND ...
 
@@ -49,7 +50,23 @@ def cmd_recipe(argv: List[str]) -> int:
         return 0
     cfg = parse_overrides(cls.config_class, argv[1:])
     trainer = cls(cfg)
-    record = trainer.fit()
+    try:
+        record = trainer.fit()
+    except Exception as e:  # noqa: BLE001 - recorded, explained, then reported by main()
+        if trainer.reporter is None or isinstance(e, ConfigError):
+            raise
+        path = trainer.reporter.record_error(e)
+        if not is_collective_failure(e):
+            raise
+        # Horovod's own message ("Horovod has been shut down", a Gloo timeout) hides the cause: name it instead.
+        why = explain_failure(trainer.cfg.output_dir, trainer.reporter.rank)
+        _error(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "
+               + (why if why else "the cause is on another rank: see its output above")
+               + f"; this rank's traceback: {path}")
+        return 1
+    finally:
+        if trainer.reporter is not None:
+            trainer.reporter.stop()
     if trainer.backend is not None and trainer.backend.rank == 0:
         metrics = os.path.join(trainer.cfg.output_dir, "metrics.jsonl")
         if record is not None and record.get("val_accuracy") is not None:

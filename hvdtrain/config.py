@@ -87,6 +87,10 @@ class TrainConfig:
     """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path."""
     keep_checkpoints: int = 3
     """How many of the newest checkpoints to keep."""
+    checkpoint_every_steps: int = 0
+    """Also checkpoint every N optimizer steps inside an epoch (0: at epoch ends only); resume is exact mid-epoch."""
+    max_bad_steps: int = 20
+    """Stop the job when the training loss is non-finite on any rank for this many steps in a row (0: never)."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit); for smoke tests and benchmarks."""
     seed: int = 42
@@ -95,6 +99,8 @@ class TrainConfig:
     """Also log train loss every N steps (0: once per epoch)."""
     threads: int = 0
     """CPU threads per rank (0: the cores available divided by the ranks on this host)."""
+    stall_timeout: int = 60
+    """Seconds a rank may wait for the others before the job is stopped (Horovod's default: wait forever)."""
 
     def validate(self) -> None:
         """Range checks that types cannot express; raise ConfigError naming the flag."""
@@ -102,7 +108,10 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads"):
+        if self.stall_timeout < 5:
+            raise ConfigError(f"--stall-timeout must be at least 5 seconds, got {self.stall_timeout}")
+        for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads", "checkpoint_every_steps",
+                     "max_bad_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be 0 or more, got {getattr(self, name)}")
         if self.base_lr <= 0:

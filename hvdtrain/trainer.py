@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from .backends import make_backend
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, steps_per_epoch
+from .faults import RankReporter
 
 
 class Trainer:
@@ -52,6 +54,7 @@ class Trainer:
         self.cfg = cfg
         self.extra_callbacks = list(callbacks or [])
         self.backend = None
+        self.reporter = None
         self.global_step = 0
 
     # --- what a recipe provides -------------------------------------------------------------------------------------
@@ -81,6 +84,7 @@ class Trainer:
         self.check()
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
+        self.reporter = RankReporter(cfg.output_dir, backend.rank).start()
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self._datasets()
         loss = getattr(self, f"loss_{backend.name}", None)
@@ -94,7 +98,7 @@ class Trainer:
             raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
                               f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
                               f"lower --batch-size or run fewer ranks")
-        self.start_epoch, self.global_step = self._restore()
+        self.start_epoch, self.global_step, self.resume_step = self._restore()
 
     def train(self) -> Optional[Dict[str, Any]]:
         """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""
@@ -112,41 +116,50 @@ class Trainer:
 
         record = None
         for epoch in range(self.start_epoch, cfg.epochs):
-            backend.seed(self._rank_seed(epoch))
+            first = self.resume_step if epoch == self.start_epoch else 0  # > 0: resumed mid-epoch
             train_sampler.set_epoch(epoch)
             if hasattr(train_set, "set_epoch"):  # per-sample augmentation seeds
                 train_set.set_epoch(epoch)
             mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
-            mix_rng = np.random.default_rng([cfg.seed, epoch])  # the same lambda on every rank
-            batches = backend.loader(train_set, train_sampler, cfg.batch_size, drop_last=True,
-                                     num_workers=cfg.num_workers)
+            per_step = cfg.batch_size * cfg.accumulate
+            batches = backend.loader(train_set, train_sampler.indices()[first * per_step:], cfg.batch_size,
+                                     drop_last=True, num_workers=cfg.num_workers)
             for cb in callbacks:
                 cb.on_epoch_start(self, epoch, steps)
             sums: Dict[str, Any] = {}
-            done, start = 0, time.perf_counter()
-            for i in range(steps):
+            done, start, bad = 0, time.perf_counter(), 0
+            for i in range(first, steps):
+                self.reporter.progress(self.global_step, "train")
+                # Every random number of a step derives from (seed, epoch, step, rank): a resume replays them.
+                backend.seed(self._rank_seed(epoch, i))
                 lr = self.lr_at(epoch + i / steps)
                 backend.set_lr(lr)
-                mix = float(mix_rng.beta(cfg.mixup, cfg.mixup)) if mixing else None
+                mix = float(np.random.default_rng([cfg.seed, epoch, i]).beta(cfg.mixup, cfg.mixup)) if mixing else None
                 out = backend.train_step(self._next_micro_batches(batches), mix=mix)
                 sums = {k: sums.get(k, 0) + v for k, v in out.items()}
                 done += 1
                 self.global_step += 1
+                bad = self._check_finite(out["loss"], bad)
                 for cb in callbacks:
                     cb.on_step_end(self, epoch, i, self.global_step, lr)
                 if cfg.log_every and self.global_step % cfg.log_every == 0:
                     logged = backend.allreduce_mean({k: v / done for k, v in sums.items()})
                     for cb in callbacks:
                         cb.on_log(self, self.global_step, logged)
+                if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
+                        and i + 1 < steps and is_root and bad == 0:
+                    self.save_checkpoint(epoch, step_in_epoch=i + 1)
                 if self._reached_max_steps():
                     break
+            self.reporter.progress(self.global_step, "metrics")
             train = backend.allreduce_mean({k: v / done for k, v in sums.items()})
             train_seconds = time.perf_counter() - start
+            self.reporter.progress(self.global_step, "eval")
             record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
                       "images_per_sec": done * cfg.batch_size * cfg.accumulate * backend.size / train_seconds,
                       "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
                       "framework": backend.name, "global_step": self.global_step}
-            if is_root:
+            if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
                 self.save_checkpoint(epoch + 1)
             for cb in callbacks:
                 cb.on_epoch_end(self, record)
@@ -154,6 +167,7 @@ class Trainer:
                 break
         for cb in callbacks:
             cb.on_train_end(self, record)
+        self.reporter.progress(self.global_step, "done")
         return record
 
     def evaluate(self) -> Dict[str, Optional[float]]:
@@ -186,9 +200,12 @@ class Trainer:
     def checkpoint_dir(self) -> str:
         return os.path.join(self.cfg.output_dir, "checkpoints")
 
-    def save_checkpoint(self, epoch: int) -> str:
-        """Rank 0: write the checkpoint for the end of ``epoch`` atomically and keep the newest K."""
-        state = {"trainer": {"epoch": epoch, "global_step": self.global_step, "recipe": self.name,
+    def save_checkpoint(self, epoch: int, step_in_epoch: int = 0) -> str:
+        """Rank 0: write a checkpoint atomically and keep the newest K. ``epoch`` epochs are complete, plus
+        ``step_in_epoch`` steps of the next one."""
+        self.reporter.progress(self.global_step, "checkpoint")
+        state = {"trainer": {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+                             "recipe": self.name,
                              "framework": self.backend.name, "world_size": self.backend.size,
                              "config": json.loads(self.cfg.to_json())},
                  "backend": self.backend.state_dict()}
@@ -196,18 +213,18 @@ class Trainer:
         checkpoint.prune(self.checkpoint_dir, self.cfg.keep_checkpoints)
         return path
 
-    def _restore(self) -> Tuple[int, int]:
+    def _restore(self) -> Tuple[int, int, int]:
         """Rank 0 picks and loads the checkpoint; every rank learns the outcome, then receives rank 0's state."""
         info = self._load_on_root() if self.backend.rank == 0 else None
         # Horovod: every rank takes the same decision (resume or not, and from where), or fails the same way.
         info = self.backend.broadcast_object(info)
         if info is None:
-            return 0, 0
+            return 0, 0, 0
         if "error" in info:
             raise checkpoint.CheckpointError(info["error"])
         # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
         self.backend.broadcast_state()
-        return info["epoch"], info["global_step"]
+        return info["epoch"], info["global_step"], info["step_in_epoch"]
 
     def _load_on_root(self) -> Optional[Dict[str, Any]]:
         cfg = self.cfg
@@ -233,7 +250,8 @@ class Trainer:
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
-        return {"epoch": int(meta["epoch"]), "global_step": int(meta["global_step"]), "path": path}
+        return {"epoch": int(meta["epoch"]), "global_step": int(meta["global_step"]),
+                "step_in_epoch": int(meta.get("step_in_epoch", 0)), "path": path}
 
     # --- helpers ----------------------------------------------------------------------------------------------------
     def _framework_hook(self, prefix: str):
@@ -270,9 +288,24 @@ class Trainer:
     def _reached_max_steps(self) -> bool:
         return bool(self.cfg.max_steps) and self.global_step >= self.cfg.max_steps
 
-    def _rank_seed(self, epoch: int) -> int:
-        """A seed per (seed, epoch, rank): resuming at an epoch boundary replays the same random numbers."""
-        return (self.cfg.seed * 1_000_003 + epoch * 1_009 + self.backend.rank) % (2 ** 31 - 1)
+    def _rank_seed(self, epoch: int, step: int) -> int:
+        """A seed per (seed, epoch, step, rank): a resume at any step replays the same random numbers."""
+        mixed = np.random.SeedSequence([self.cfg.seed, epoch, step, self.backend.rank]).generate_state(1)[0]
+        return int(mixed) % (2 ** 31 - 1)
+
+    def _check_finite(self, loss, bad: int) -> int:
+        """Count consecutive steps whose loss is non-finite on any rank; stop the job after --max-bad-steps."""
+        if not self.cfg.max_bad_steps:
+            return 0
+        # Horovod: every rank takes the same decision, from the worst loss of any rank.
+        nonfinite = self.backend.allreduce_sum({"nonfinite": 0.0 if math.isfinite(self.backend.scalar(loss)) else 1.0})
+        bad = bad + 1 if nonfinite["nonfinite"] > 0 else 0
+        if bad >= self.cfg.max_bad_steps:
+            raise FloatingPointError(
+                f"the training loss was NaN or infinite for {bad} steps in a row (up to step {self.global_step}); "
+                f"stopping. The newest checkpoint in {self.checkpoint_dir} was written before; lower --base-lr, "
+                f"use --precision fp32, or raise --max-bad-steps")
+        return bad
 
     def _callbacks(self) -> List[Callback]:
         out = self.cfg.output_dir

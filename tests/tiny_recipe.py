@@ -20,6 +20,14 @@ class TinyConfig(TrainConfig):
     """Number of blobs."""
     perturb_by_rank: bool = False
     """Add rank-dependent noise to the initial weights (tests that the broadcast makes them equal)."""
+    fault: str = ""
+    """Fault injection for tests: raise, kill (SIGKILL), stop (SIGSTOP) or nan, on --fault-rank at --fault-step."""
+    fault_rank: int = 1
+    """Rank that suffers the fault."""
+    fault_step: int = 5
+    """Training batch (counted from 1 in this process) at which the fault happens."""
+    step_sleep: float = 0.0
+    """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
 
 
 def _rank() -> int:
@@ -27,6 +35,31 @@ def _rank() -> int:
         if var in os.environ:
             return int(os.environ[var])
     return 0
+
+
+class _Faults:
+    """Runs on every training batch this process loads: sleeps, and injects the configured fault."""
+
+    def __init__(self, cfg):
+        self.cfg, self.batches = cfg, 0
+
+    def __call__(self, x, y):
+        import signal
+        import time
+        cfg = self.cfg
+        self.batches += 1
+        if cfg.step_sleep:
+            time.sleep(cfg.step_sleep)
+        if cfg.fault and _rank() == cfg.fault_rank and self.batches >= cfg.fault_step:
+            if cfg.fault == "raise" and self.batches == cfg.fault_step:
+                raise ValueError(f"injected failure at batch {self.batches}")
+            if cfg.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if cfg.fault == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if cfg.fault == "nan":
+                x = np.full_like(x, np.nan)
+        return x, y
 
 
 class TinyTrainer(Trainer):
@@ -44,7 +77,9 @@ class TinyTrainer(Trainer):
             y = rng.integers(0, cfg.classes, size=n)
             x = centers[y] + rng.normal(0, 1.5, size=(n, cfg.features)).astype(np.float32)
             return ArrayDataset(x.astype(np.float32), y.astype(np.int64))
-        return make(cfg.samples), make(203)
+        train = make(cfg.samples)
+        train.transform = _Faults(cfg)
+        return train, make(203)
 
     def build_torch(self):
         import torch

@@ -35,6 +35,18 @@ def cpu_threads_per_rank(local_size: int, requested: int = 0) -> int:
     return max(1, cores // max(1, local_size))
 
 
+def horovod_environment(cfg) -> None:
+    """Horovod settings that must be in the environment before hvd.init(); a user's own values win.
+
+    Horovod never shuts a stalled job down by default (the stall inspector only warns) and Gloo waits 30 s per
+    operation: both are bounded by ``--stall-timeout`` so that a stopped rank ends the job instead of hanging it.
+    """
+    timeout = str(cfg.stall_timeout)
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, cfg.stall_timeout // 2)))
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", timeout)
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
+
+
 def preload_image_codecs() -> None:
     """Load Pillow's JPEG/PNG codecs before Horovod's framework library.
 
@@ -85,6 +97,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def set_lr(self, lr: float) -> None:
         ...
+
+    @abc.abstractmethod
+    def scalar(self, value: Any) -> float:
+        """A backend-native scalar (tensor, NDArray) or number as a Python float (synchronises the device)."""
 
     @abc.abstractmethod
     def get_lr(self) -> float:

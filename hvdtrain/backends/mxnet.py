@@ -27,7 +27,7 @@ import numpy as np
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from ..vision import RecordIODataset
-from .base import Backend, cpu_threads_per_rank, preload_image_codecs
+from .base import Backend, cpu_threads_per_rank, horovod_environment, preload_image_codecs
 
 
 def _launcher_local_size() -> int:
@@ -64,6 +64,7 @@ class MXNetBackend(Backend):
         self.threads = cpu_threads_per_rank(_launcher_local_size(), cfg.threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
+        horovod_environment(cfg)
         import mxnet as mx
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
@@ -220,6 +221,9 @@ class MXNetBackend(Backend):
     def set_lr(self, lr: float) -> None:
         self.trainer.set_learning_rate(lr)
 
+    def scalar(self, value: Any) -> float:
+        return float(value.asnumpy().sum()) if isinstance(value, self.mx.nd.NDArray) else float(value)
+
     def get_lr(self) -> float:
         return float(self.trainer.learning_rate)
 
@@ -285,10 +289,9 @@ class MXNetBackend(Backend):
     def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
         nd = self.mx.nd
         keys = sorted(metrics)
-        values = nd.array([float(v.asnumpy().sum()) if isinstance(v, nd.NDArray) else float(v) for v in
-                           (metrics[k] for k in keys)], dtype="float64")
+        values = nd.array([self.scalar(metrics[k]) for k in keys], dtype="float64")
         # Horovod: one collective for all metrics, so every rank reports the same numbers.
-        summed = self.hvd.allreduce(values, average=False, name="hvdtrain.metrics." + ".".join(keys))
+        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name="hvdtrain.metrics." + ".".join(keys))
         return dict(zip(keys, summed.asnumpy().tolist()))
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend, cpu_threads_per_rank, preload_image_codecs
+from .base import Backend, cpu_threads_per_rank, horovod_environment, preload_image_codecs
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -51,6 +51,7 @@ class TorchBackend(Backend):
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
+        horovod_environment(cfg)
         import horovod.torch as hvd
         self.hvd = hvd
         # Horovod: start the background thread and join the job (rank, size, local rank from the launcher).
@@ -163,6 +164,9 @@ class TorchBackend(Backend):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
+    def scalar(self, value: Any) -> float:
+        return float(value.item()) if torch.is_tensor(value) else float(value)
+
     def get_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -195,7 +199,7 @@ class TorchBackend(Backend):
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
         keys = sorted(metrics)
-        values = torch.stack([torch.as_tensor(metrics[k], dtype=torch.float64).cpu().reshape(()) for k in keys])
+        values = torch.tensor([self.scalar(metrics[k]) for k in keys], dtype=torch.float64)
         # Horovod: one fused collective for all metrics, so every rank reports the same numbers.
         summed = self.hvd.allreduce(values, op=self.hvd.Sum, name="hvdtrain.metrics." + ".".join(keys))
         return dict(zip(keys, summed.tolist()))
