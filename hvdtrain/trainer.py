@@ -159,8 +159,9 @@ class Trainer:
                       "images_per_sec": done * cfg.batch_size * cfg.accumulate * backend.size / train_seconds,
                       "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
                       "framework": backend.name, "global_step": self.global_step}
+            finished = first + done == steps  # False when --max-steps ended the epoch early
             if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
-                self.save_checkpoint(epoch + 1)
+                self.save_checkpoint(epoch + 1) if finished else self.save_checkpoint(epoch, first + done)
             for cb in callbacks:
                 cb.on_epoch_end(self, record)
             if self._reached_max_steps():

@@ -1,0 +1,133 @@
+"""Faults: a killed, failing or stalled rank ends the job quickly with the rank named; checkpoints survive.
+
+Faults are injected by the tiny test recipe (tests/tiny_recipe.py: --fault raise|kill|stop|nan on --fault-rank at
+--fault-step) on 2 ranks over loopback, every run under a hard timeout."""
+import json
+import os
+import time
+
+import psutil
+import pytest
+
+from hvdtrain import checkpoint
+from tests.e2e.conftest import read_metrics
+from tests.helpers import PY, describe, horovodrun, run
+
+TINY = "tests.tiny_recipe:TinyTrainer"
+
+
+def tiny(out, *args, np=2, timeout=120):
+    start = time.monotonic()
+    result = run(horovodrun(np, PY, "-m", "hvdtrain", "recipe", TINY, "--output-dir", str(out), *args),
+                 timeout=timeout)
+    return result, time.monotonic() - start
+
+
+def leftovers(out) -> list:
+    mine = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(out) in " ".join(p.info["cmdline"] or []):
+                mine.append(p.pid)
+        except psutil.Error:
+            continue
+    return mine
+
+
+def test_killed_worker_ends_the_job_within_30s_and_checkpoints_survive(tmp_path):
+    out = tmp_path / "run"
+    result, seconds = tiny(out, "--epochs", "50", "--fault", "kill", "--fault-step", "20", "--resume", "never")
+    assert result.returncode != 0 and seconds < 30, describe(result)
+    assert "Process 1 exit with status code 137" in result.output, describe(result)
+    assert leftovers(out) == [], "no process of the job is left behind"
+    newest = checkpoint.latest_valid(str(out / "checkpoints"))
+    assert newest is not None and checkpoint.load(newest)["trainer"]["epoch"] >= 1
+
+
+def test_failing_worker_is_reported_first_with_its_rank(tmp_path):
+    out = tmp_path / "run"
+    result, seconds = tiny(out, "--epochs", "50", "--fault", "raise", "--fault-step", "10", "--resume", "never")
+    assert result.returncode != 0 and seconds < 60, describe(result)
+    text = result.output
+    real = text.find("[rank 1] hvdtrain: error: ValueError: injected failure at batch 10")
+    consequence = text.find("[rank 0] hvdtrain: error: stopped because")
+    assert 0 <= real < consequence, describe(result)
+    assert "the first failure was on rank 1" in text[consequence:]
+    errors = out / "errors"
+    rank1 = (errors / "rank-1.txt").read_text()
+    assert json.loads(rank1.splitlines()[0])["error"] == "ValueError: injected failure at batch 10"
+    assert "Traceback" in rank1 and (errors / "rank-0.txt").exists()
+
+
+def test_stalled_worker_is_named_instead_of_hanging(tmp_path):
+    out = tmp_path / "run"
+    result, seconds = tiny(out, "--epochs", "500", "--fault", "stop", "--fault-step", "30", "--stall-timeout", "10",
+                           "--resume", "never")
+    assert result.returncode != 0 and seconds < 60, describe(result)
+    assert "rank 1" in result.output and "stopped responding" in result.output, describe(result)
+    assert leftovers(out) == []
+
+
+def test_crash_while_saving_keeps_the_previous_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    result, _ = tiny(out, "--epochs", "4", "--max-steps", "8", "--resume", "never")  # 4 steps an epoch: 2 epochs
+    assert result.returncode == 0, describe(result)
+    ck = out / "checkpoints"
+    # what a SIGKILL in the middle of writing epoch 3 leaves: a temporary file, and an archive without its digest
+    (ck / ".tmp-ckpt-e0003-s000000012.npz.999").write_bytes(b"partial")
+    (ck / checkpoint.checkpoint_name(3, 12)).write_bytes(b"PK\x03\x04 torn")
+    resumed, _ = tiny(out, "--epochs", "4")
+    assert resumed.returncode == 0, describe(resumed)
+    assert "removed 1 temporary file" in resumed.output
+    assert "resuming from" in resumed.output and "e0002" in resumed.output
+    assert [r["epoch"] for r in read_metrics(str(out))] == [1, 2, 3, 4]
+    assert not any(n.startswith(".tmp-") for n in os.listdir(ck))
+
+
+def test_corrupt_newest_checkpoint_falls_back_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    assert tiny(out, "--epochs", "5", "--max-steps", "12", "--resume", "never")[0].returncode == 0
+    newest = checkpoint.latest_valid(str(out / "checkpoints"))
+    data = bytearray(open(newest, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(newest, "wb").write(bytes(data))
+    resumed, seconds = tiny(out, "--epochs", "5")
+    assert resumed.returncode == 0, describe(resumed)
+    assert f"skipping checkpoint: {newest} is corrupt" in resumed.output
+    assert "e0002" in resumed.output.split("resuming from")[1].splitlines()[0]
+    assert [r["epoch"] for r in read_metrics(str(out))] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_mid_epoch_resume_equals_uninterrupted(framework, tmp_path):
+    common = ["--framework", framework, "--epochs", "3", "--checkpoint-every-steps", "3", "--keep-checkpoints", "10"]
+    full, split = tmp_path / "full", tmp_path / "split"
+    assert tiny(full, *common, "--resume", "never")[0].returncode == 0
+    assert tiny(split, *common, "--resume", "never", "--max-steps", "6")[0].returncode == 0  # stops inside epoch 2
+    resumed, _ = tiny(split, *common)
+    assert resumed.returncode == 0, describe(resumed)
+    assert "(epoch 1, step 6)" in resumed.output, describe(resumed)
+    a = checkpoint.load(checkpoint.latest_valid(str(full / "checkpoints")))
+    b = checkpoint.load(checkpoint.latest_valid(str(split / "checkpoints")))
+    assert a["trainer"]["global_step"] == b["trainer"]["global_step"] == 12
+    for name, value in a["backend"]["model"].items():
+        assert (value == b["backend"]["model"][name]).all(), name
+
+
+def test_non_finite_loss_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    result, seconds = tiny(out, "--epochs", "50", "--fault", "nan", "--fault-step", "10", "--max-bad-steps", "3",
+                           "--resume", "never")
+    assert result.returncode != 0 and seconds < 60, describe(result)
+    assert "NaN or infinite for 3 steps in a row" in result.output
+    newest = checkpoint.latest_valid(str(out / "checkpoints"))
+    state = checkpoint.load(newest)
+    assert state["trainer"]["global_step"] <= 8
+    assert all(map(lambda v: bool(abs(v).max() < 1e6), state["backend"]["model"].values()))
+
+
+def test_more_ranks_than_samples_is_a_one_line_error_on_every_rank(tmp_path):
+    result, seconds = tiny(tmp_path / "run", "--samples", "1")
+    assert result.returncode != 0, describe(result)
+    assert result.output.count("fewer than --batch-size") == 2, describe(result)
+    assert "] Traceback" not in result.output, "a bad input is one line, not a traceback, on every rank"
