@@ -10,6 +10,7 @@ import sys
 import traceback
 from typing import List, Optional
 
+from .checkpoint import CheckpointError
 from .config import ConfigError, help_text, parse_overrides
 from .faults import explain_failure, is_collective_failure
 
@@ -53,7 +54,7 @@ def cmd_recipe(argv: List[str]) -> int:
     try:
         record = trainer.fit()
     except Exception as e:  # noqa: BLE001 - recorded, explained, then reported by main()
-        if trainer.reporter is None or isinstance(e, ConfigError):
+        if trainer.reporter is None or isinstance(e, (ConfigError, CheckpointError)):
             raise
         path = trainer.reporter.record_error(e)
         if not is_collective_failure(e):
@@ -108,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     try:
         return command(argv[1:])
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         _error(str(e))
         return 2
     except KeyboardInterrupt:

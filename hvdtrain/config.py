@@ -202,11 +202,54 @@ def convert(name: str, tp, raw: str):
         raise ConfigError(f"{flag(name)} expects {_describe(tp)}, got {raw!r}") from None
 
 
+def load_config_file(cls: type, path: str) -> dict:
+    """Values from a YAML (or JSON) mapping of option names, checked like command-line values.
+
+    Read with ``yaml.safe_load``: tags that construct Python objects (``!!python/object/apply``, ...) are refused."""
+    import yaml
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"--config {path} is not plain YAML (only plain values are allowed; {first})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path} must hold a mapping of option names to values")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in hints:
+            raise ConfigError(f"--config {path}: unknown option {key!r}")
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        elif not isinstance(value, (str, int, float)) and value is not None:
+            raise ConfigError(f"--config {path}: {key} must be a plain value, got {type(value).__name__}")
+        values[name] = convert(name, hints[name], "" if value is None else str(value))
+    return values
+
+
 def parse_overrides(cls: type, argv: list, base=None):
-    """Build ``cls`` from ``--key value`` / ``--flag`` / ``--no-flag`` arguments, checked against field types."""
+    """Build ``cls`` from ``--key value`` / ``--flag`` / ``--no-flag`` arguments, checked against field types.
+    ``--config FILE`` (YAML) supplies values first; the other flags override it, wherever they stand."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     values = dataclasses.asdict(base) if base is not None else {}
+    argv = list(argv)
+    for j, arg in enumerate(argv):
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.partition("=")[2] if "=" in arg else (argv[j + 1] if j + 1 < len(argv) else "")
+            if not path:
+                raise ConfigError("--config expects a YAML file after it")
+            values.update(load_config_file(cls, path))
+            del argv[j:j + (1 if "=" in arg else 2)]
+            break
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -245,7 +288,8 @@ def parse_overrides(cls: type, argv: list, base=None):
 def help_text(cls: type, recipe: str) -> str:
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
-    lines = [f"usage: python -m hvdtrain recipe {recipe} [--option value ...]", "", "options:"]
+    lines = [f"usage: python -m hvdtrain recipe {recipe} [--config FILE.yaml] [--option value ...]", "",
+             "--config FILE.yaml: a mapping of these options (plain YAML); flags override it.", "", "options:"]
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else (

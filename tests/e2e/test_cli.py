@@ -11,7 +11,7 @@ def error_lines(result):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["recipe", "nosuch"], "unknown recipe 'nosuch'; available: mnist"),
+    (["recipe", "nosuch"], "unknown recipe 'nosuch'; available: imagenet, mnist"),
     (["recipe", "mnist", "--framework", "jax"], "--framework expects one of torch, mxnet, got 'jax'"),
     (["recipe", "mnist", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["recipe", "mnist", "--epochs", "two"], "--epochs expects an integer, got 'two'"),
@@ -56,3 +56,34 @@ def test_user_trainer_class_by_module_path(tmp_path):
     assert result.returncode == 0, describe(result)
     assert "epoch 2/2" in result.stdout
     assert os.path.exists(tmp_path / "metrics.jsonl") and os.path.exists(tmp_path / "config.json")
+
+
+class _Payload:
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_crafted_checkpoint_is_refused_without_running_it(framework, tmp_path):
+    import pickle
+    target = tmp_path / "pwned"
+    evil = tmp_path / "model.ckpt"
+    evil.write_bytes(pickle.dumps(_Payload(str(target))))
+    result = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", framework,
+                                         "--resume", str(evil), "--output-dir", str(tmp_path / "out"))), timeout=120)
+    assert result.returncode != 0
+    assert result.output.count("hvdtrain: error: cannot resume from") == 2, describe(result)
+    assert "was not completely written by hvdtrain" in result.output
+    assert not target.exists()
+
+
+def test_crafted_yaml_config_is_refused_without_running_it(tmp_path):
+    target = tmp_path / "pwned"
+    cfg = tmp_path / "evil.yaml"
+    cfg.write_text(f"epochs: !!python/object/apply:os.system ['touch {target}']\n")
+    result = run(hvdtrain("recipe", "mnist", "--config", str(cfg)), timeout=120)
+    assert result.returncode == 2 and len(error_lines(result)) == 1, describe(result)
+    assert "is not plain YAML" in result.stderr and not target.exists()

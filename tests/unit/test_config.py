@@ -64,3 +64,30 @@ def test_subclass_fields_and_docs_are_inherited():
     assert (cfg.width, cfg.epochs) == (8, 2)
     text = help_text(MyConfig, "mine")
     assert "--width WIDTH" in text and "Channels of the first layer." in text and "--epochs EPOCHS" in text
+
+
+def test_yaml_config_file_then_flags(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("epochs: 7\nbase-lr: 0.2\nlr_milestones: [3, 5]\nnesterov: true\nframework: mxnet\n")
+    cfg = parse_overrides(TrainConfig, ["--epochs", "2", "--config", str(path)])
+    assert (cfg.epochs, cfg.base_lr, cfg.lr_milestones, cfg.nesterov, cfg.framework) == (2, 0.2, (3, 5), True, "mxnet")
+
+
+def test_yaml_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
+    target = tmp_path / "pwned"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"epochs: !!python/object/apply:os.system ['touch {target}']\n")
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(TrainConfig, ["--config", str(path)])
+    assert "is not plain YAML" in str(e.value) and "\n" not in str(e.value)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("text, fragment", [("epochs: [1, 2]\n", "--epochs expects an integer"),
+                                            ("bogus: 1\n", "unknown option 'bogus'"),
+                                            ("- 1\n- 2\n", "must hold a mapping")])
+def test_bad_config_files_name_the_problem(tmp_path, text, fragment):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        parse_overrides(TrainConfig, ["--config", str(path)])
