@@ -99,6 +99,11 @@ class TrainConfig:
     """Also log train loss every N steps (0: once per epoch)."""
     threads: int = 0
     """CPU threads per rank (0: the cores available divided by the ranks on this host)."""
+    elastic: bool = False
+    """Elastic training (PyTorch): workers may leave and join; launch with horovodrun --min-np/--max-np and
+    --host-discovery-script."""
+    commit_every: int = 10
+    """Elastic mode: commit model, optimizer and position every N steps (what a reset rolls back to)."""
     stall_timeout: int = 60
     """Seconds a rank may wait for the others before the job is stopped (Horovod's default: wait forever)."""
 
@@ -111,7 +116,7 @@ class TrainConfig:
         if self.stall_timeout < 5:
             raise ConfigError(f"--stall-timeout must be at least 5 seconds, got {self.stall_timeout}")
         for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads", "checkpoint_every_steps",
-                     "max_bad_steps"):
+                     "max_bad_steps", "commit_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be 0 or more, got {getattr(self, name)}")
         if self.base_lr <= 0:
@@ -128,6 +133,9 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.mixup < 0 or self.mixup_off_epoch < 0:
             raise ConfigError("--mixup and --mixup-off-epoch must be 0 or more")
+        if self.elastic and self.framework != "torch":
+            raise ConfigError(f"--elastic is available on --framework torch only: Horovod has no elastic mode for "
+                              f"{self.framework}; recover by checkpoint restart (--resume auto) instead")
         if self.adasum and self.predivide != 1.0:
             raise ConfigError("--predivide cannot be combined with --adasum")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):

@@ -26,26 +26,31 @@ class ShardSampler:
         self.shuffle, self.seed, self.pad = shuffle, seed, pad
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch``: the same permutation on every rank, a different one each epoch."""
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, offset: int = 0) -> None:
+        """Reshuffle for ``epoch``: the same permutation on every rank, a different one each epoch. ``offset``
+        skips the first samples of the epoch's order: those the job consumed before a resume, whatever the world
+        size was then (step i of every rank together consumes positions [i*B*size, (i+1)*B*size) of the order)."""
+        self.epoch, self.offset = epoch, offset
+
+    offset: int = 0
 
     def indices(self) -> np.ndarray:
         order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.n) if self.shuffle
-                 else np.arange(self.n))
-        if self.pad:
-            total = math.ceil(self.n / self.size) * self.size
-            if total > self.n:  # repeat from the start, as DistributedSampler does
-                order = np.concatenate([order, np.resize(order, total - self.n)])
+                 else np.arange(self.n))[self.offset:]
+        if self.pad and len(order):
+            total = math.ceil(len(order) / self.size) * self.size
+            if total > len(order):  # repeat from the start, as DistributedSampler does
+                order = np.concatenate([order, np.resize(order, total - len(order))])
         return order[self.rank::self.size]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
 
     def __len__(self) -> int:
+        n = max(self.n - self.offset, 0)
         if self.pad:
-            return math.ceil(self.n / self.size)
-        return len(range(self.rank, self.n, self.size))
+            return math.ceil(n / self.size)
+        return len(range(self.rank, n, self.size))
 
 
 class ArrayDataset:

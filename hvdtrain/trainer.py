@@ -98,78 +98,116 @@ class Trainer:
             raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
                               f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
                               f"lower --batch-size or run fewer ranks")
-        self.start_epoch, self.global_step, self.resume_step = self._restore()
+        self.start_epoch, self.global_step, self.resume_offset = self._restore()
 
     def train(self) -> Optional[Dict[str, Any]]:
         """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""
-        cfg, backend, steps = self.cfg, self.backend, self.steps
-        train_set, train_sampler = self.train_set, self.train_sampler
-        is_root = backend.rank == 0
-        callbacks = self._callbacks() if is_root else []
+        cfg, is_root = self.cfg, self.backend.rank == 0
+        self.callbacks = self._callbacks() if is_root else []
         if is_root:
-            self._announce(steps)
-        for cb in callbacks:
+            self._announce(self.steps)
+        for cb in self.callbacks:
             cb.on_train_start(self, self.start_epoch)
         if is_root and self.start_epoch >= cfg.epochs:
             print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
                   f"(raise --epochs, or pass --resume never to start over)", flush=True)
-
-        record = None
-        for epoch in range(self.start_epoch, cfg.epochs):
-            first = self.resume_step if epoch == self.start_epoch else 0  # > 0: resumed mid-epoch
-            train_sampler.set_epoch(epoch)
-            if hasattr(train_set, "set_epoch"):  # per-sample augmentation seeds
-                train_set.set_epoch(epoch)
-            mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
-            per_step = cfg.batch_size * cfg.accumulate
-            batches = backend.loader(train_set, train_sampler.indices()[first * per_step:], cfg.batch_size,
-                                     drop_last=True, num_workers=cfg.num_workers)
-            for cb in callbacks:
-                cb.on_epoch_start(self, epoch, steps)
-            sums: Dict[str, Any] = {}
-            done, start, bad = 0, time.perf_counter(), 0
-            for i in range(first, steps):
-                self.reporter.progress(self.global_step, "train")
-                # Every random number of a step derives from (seed, epoch, step, rank): a resume replays them.
-                backend.seed(self._rank_seed(epoch, i))
-                lr = self.lr_at(epoch + i / steps)
-                backend.set_lr(lr)
-                mix = float(np.random.default_rng([cfg.seed, epoch, i]).beta(cfg.mixup, cfg.mixup)) if mixing else None
-                out = backend.train_step(self._next_micro_batches(batches), mix=mix)
-                sums = {k: sums.get(k, 0) + v for k, v in out.items()}
-                done += 1
-                self.global_step += 1
-                bad = self._check_finite(out["loss"], bad)
-                for cb in callbacks:
-                    cb.on_step_end(self, epoch, i, self.global_step, lr)
-                if cfg.log_every and self.global_step % cfg.log_every == 0:
-                    logged = backend.allreduce_mean({k: v / done for k, v in sums.items()})
-                    for cb in callbacks:
-                        cb.on_log(self, self.global_step, logged)
-                if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
-                        and i + 1 < steps and is_root and bad == 0:
-                    self.save_checkpoint(epoch, step_in_epoch=i + 1)
-                if self._reached_max_steps():
-                    break
-            self.reporter.progress(self.global_step, "metrics")
-            train = backend.allreduce_mean({k: v / done for k, v in sums.items()})
-            train_seconds = time.perf_counter() - start
-            self.reporter.progress(self.global_step, "eval")
-            record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
-                      "images_per_sec": done * cfg.batch_size * cfg.accumulate * backend.size / train_seconds,
-                      "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
-                      "framework": backend.name, "global_step": self.global_step}
-            finished = first + done == steps  # False when --max-steps ended the epoch early
-            if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
-                self.save_checkpoint(epoch + 1) if finished else self.save_checkpoint(epoch, first + done)
-            for cb in callbacks:
-                cb.on_epoch_end(self, record)
-            if self._reached_max_steps():
-                break
-        for cb in callbacks:
+        record = self.backend.run_elastic(self) if cfg.elastic else self.run_epochs()
+        for cb in self.callbacks:
             cb.on_train_end(self, record)
         self.reporter.progress(self.global_step, "done")
         return record
+
+    def run_epochs(self) -> Optional[Dict[str, Any]]:
+        """From the current position (start_epoch, resume_offset) to the last epoch, or to --max-steps."""
+        record = None
+        for epoch in range(self.start_epoch, self.cfg.epochs):
+            offset = self.resume_offset if epoch == self.start_epoch else 0  # > 0: resumed mid-epoch
+            record = self.train_epoch(epoch, offset)
+            if self._reached_max_steps():
+                break
+        return record
+
+    def train_epoch(self, epoch: int, offset: int = 0) -> Dict[str, Any]:
+        """One epoch from sample ``offset`` of its order: steps, metrics across ranks, evaluation, checkpoint."""
+        cfg, backend, train_set = self.cfg, self.backend, self.train_set
+        is_root = backend.rank == 0
+        self.train_sampler.set_epoch(epoch, offset)
+        if hasattr(train_set, "set_epoch"):  # per-sample augmentation seeds
+            train_set.set_epoch(epoch)
+        global_batch = cfg.batch_size * cfg.accumulate * backend.size
+        steps = len(self.train_sampler) // (cfg.batch_size * cfg.accumulate)
+        mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
+        batches = backend.loader(train_set, self.train_sampler, cfg.batch_size, drop_last=True,
+                                 num_workers=cfg.num_workers)
+        for cb in self.callbacks:
+            cb.on_epoch_start(self, epoch, steps)
+        sums: Dict[str, Any] = {}
+        done, start, bad, lr = 0, time.perf_counter(), 0, backend.get_lr()
+        for i in range(steps):
+            position = offset + i * global_batch  # samples of this epoch consumed before this step
+            self.reporter.progress(self.global_step, "train")
+            # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them.
+            backend.seed(self._rank_seed(epoch, position))
+            lr = self.lr_at(epoch + position / len(train_set))
+            backend.set_lr(lr)
+            mix = float(np.random.default_rng([cfg.seed, epoch, position]).beta(cfg.mixup, cfg.mixup)) \
+                if mixing else None
+            out = backend.train_step(self._next_micro_batches(batches), mix=mix)
+            sums = {k: sums.get(k, 0) + v for k, v in out.items()}
+            done += 1
+            self.global_step += 1
+            bad = self._check_finite(out["loss"], bad)
+            for cb in self.callbacks:
+                cb.on_step_end(self, epoch, i, self.global_step, lr)
+            if cfg.log_every and self.global_step % cfg.log_every == 0:
+                logged = backend.allreduce_mean({k: v / done for k, v in sums.items()})
+                for cb in self.callbacks:
+                    cb.on_log(self, self.global_step, logged)
+            if i + 1 < steps and bad == 0:
+                self._mid_epoch_save(epoch, position + global_batch)
+            if self._reached_max_steps():
+                break
+        self.reporter.progress(self.global_step, "metrics")
+        train = backend.allreduce_mean({k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0})
+        train_seconds = time.perf_counter() - start
+        self.reporter.progress(self.global_step, "eval")
+        record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
+                  "images_per_sec": done * global_batch / train_seconds,
+                  "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
+                  "framework": backend.name, "global_step": self.global_step}
+        if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
+            if done == steps:
+                self.save_checkpoint(epoch + 1)
+            else:  # --max-steps ended the epoch early
+                self.save_checkpoint(epoch, offset + done * global_batch)
+        self.commit(epoch + 1 if done == steps else epoch, 0 if done == steps else offset + done * global_batch)
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
+        return record
+
+    def _mid_epoch_save(self, epoch: int, offset: int) -> None:
+        cfg = self.cfg
+        if cfg.elastic and cfg.commit_every and self.global_step % cfg.commit_every == 0:
+            self.commit(epoch, offset)
+        if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
+                and self.backend.rank == 0:
+            self.save_checkpoint(epoch, offset)
+
+    def commit(self, epoch: int, offset: int) -> None:
+        """Elastic mode: remember this position (and the backend's model and optimizer) as the point to roll back
+        to when a worker leaves or joins."""
+        if self.cfg.elastic:
+            self.backend.commit({"epoch": epoch, "offset": offset, "global_step": self.global_step})
+
+    def restore_position(self, position: Dict[str, int]) -> None:
+        """Elastic mode, after a reset: continue from a committed position with the new world size."""
+        self.start_epoch, self.resume_offset = int(position["epoch"]), int(position["offset"])
+        self.global_step = int(position["global_step"])
+        b = self.backend
+        self.train_sampler.rank, self.train_sampler.size = b.rank, b.size
+        if self.val_sampler is not None:
+            self.val_sampler.rank, self.val_sampler.size = b.rank, b.size
+        self.reporter.rank = b.rank
 
     def evaluate(self) -> Dict[str, Optional[float]]:
         """Loss and accuracy on the validation set: each rank a disjoint shard, sums allreduced once."""
@@ -201,11 +239,11 @@ class Trainer:
     def checkpoint_dir(self) -> str:
         return os.path.join(self.cfg.output_dir, "checkpoints")
 
-    def save_checkpoint(self, epoch: int, step_in_epoch: int = 0) -> str:
-        """Rank 0: write a checkpoint atomically and keep the newest K. ``epoch`` epochs are complete, plus
-        ``step_in_epoch`` steps of the next one."""
+    def save_checkpoint(self, epoch: int, offset: int = 0) -> str:
+        """Rank 0: write a checkpoint atomically and keep the newest K. ``epoch`` epochs are complete, plus the
+        first ``offset`` samples of the next one's order."""
         self.reporter.progress(self.global_step, "checkpoint")
-        state = {"trainer": {"epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": self.global_step,
+        state = {"trainer": {"epoch": epoch, "offset": offset, "global_step": self.global_step,
                              "recipe": self.name,
                              "framework": self.backend.name, "world_size": self.backend.size,
                              "config": json.loads(self.cfg.to_json())},
@@ -225,7 +263,7 @@ class Trainer:
             raise checkpoint.CheckpointError(info["error"])
         # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
         self.backend.broadcast_state()
-        return info["epoch"], info["global_step"], info["step_in_epoch"]
+        return info["epoch"], info["global_step"], info["offset"]
 
     def _load_on_root(self) -> Optional[Dict[str, Any]]:
         cfg = self.cfg
@@ -252,7 +290,7 @@ class Trainer:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
         return {"epoch": int(meta["epoch"]), "global_step": int(meta["global_step"]),
-                "step_in_epoch": int(meta.get("step_in_epoch", 0)), "path": path}
+                "offset": int(meta.get("offset", 0)), "path": path}
 
     # --- helpers ----------------------------------------------------------------------------------------------------
     def _framework_hook(self, prefix: str):
@@ -289,9 +327,9 @@ class Trainer:
     def _reached_max_steps(self) -> bool:
         return bool(self.cfg.max_steps) and self.global_step >= self.cfg.max_steps
 
-    def _rank_seed(self, epoch: int, step: int) -> int:
-        """A seed per (seed, epoch, step, rank): a resume at any step replays the same random numbers."""
-        mixed = np.random.SeedSequence([self.cfg.seed, epoch, step, self.backend.rank]).generate_state(1)[0]
+    def _rank_seed(self, epoch: int, position: int) -> int:
+        """A seed per (seed, epoch, position in the epoch, rank): a resume at any step replays the same numbers."""
+        mixed = np.random.SeedSequence([self.cfg.seed, epoch, position, self.backend.rank]).generate_state(1)[0]
         return int(mixed) % (2 ** 31 - 1)
 
     def _check_finite(self, loss, bad: int) -> int:

@@ -26,6 +26,8 @@ class TinyConfig(TrainConfig):
     """Rank that suffers the fault."""
     fault_step: int = 5
     """Training batch (counted from 1 in this process) at which the fault happens."""
+    fault_once: str = ""
+    """A marker file: the fault happens only while it does not exist (it is created then), e.g. across resets."""
     step_sleep: float = 0.0
     """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
 
@@ -50,7 +52,11 @@ class _Faults:
         self.batches += 1
         if cfg.step_sleep:
             time.sleep(cfg.step_sleep)
-        if cfg.fault and _rank() == cfg.fault_rank and self.batches >= cfg.fault_step:
+        once = cfg.fault_once
+        if cfg.fault and _rank() == cfg.fault_rank and self.batches >= cfg.fault_step \
+                and not (once and os.path.exists(once)):
+            if once:
+                open(once, "w").close()
             if cfg.fault == "raise" and self.batches == cfg.fault_step:
                 raise ValueError(f"injected failure at batch {self.batches}")
             if cfg.fault == "kill":

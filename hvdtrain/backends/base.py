@@ -148,6 +148,16 @@ class Backend(abc.ABC):
         """Make every rank's model and optimizer state equal to rank 0's."""
         ...
 
+    # --- elastic ---------------------------------------------------------------------------------------------------
+    def run_elastic(self, trainer) -> Any:
+        """Run ``trainer.run_epochs()`` under Horovod's elastic driver (backends that have one override this)."""
+        from ..config import ConfigError
+        raise ConfigError(f"--elastic is not available on --framework {self.name}: Horovod has no elastic mode for "
+                          f"it; recover by checkpoint restart (--resume auto) instead")
+
+    def commit(self, position: Dict[str, int]) -> None:
+        """Elastic mode: save model, optimizer and ``position`` as the state to roll back to."""
+
     def parameters_numpy(self) -> Dict[str, Any]:
         """Model parameters as numpy arrays by name (for checks and tests)."""
         return self.state_dict()["model"]

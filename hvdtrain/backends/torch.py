@@ -65,6 +65,7 @@ class TorchBackend(Backend):
         else:
             self.device = torch.device("cpu")
         # Horovod: ranks on one host share its cores; all-cores-each oversubscribes them (horovod#2804).
+        self.cfg_threads = cfg.threads
         self.threads = cpu_threads_per_rank(self.local_size, cfg.threads)
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
@@ -103,6 +104,42 @@ class TorchBackend(Backend):
         if self.scaler is not None:
             # Horovod: the loss scale too, so every rank unscales by the same factor.
             self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict() if self.rank == 0 else None))
+
+    # --- elastic ---------------------------------------------------------------------------------------------------
+    def run_elastic(self, trainer) -> Any:
+        """The epochs under ``hvd.elastic.run``: when a worker fails or hosts change, every survivor rolls back to
+        the last commit, Horovod re-forms the ring with the workers there are, rank 0's state is broadcast, and
+        training continues from the committed position (sample offset in the epoch), re-sharded for the new size."""
+        hvd = self.hvd
+        # Horovod: model and optimizer are saved on commit, restored on failure and broadcast from rank 0 on reset.
+        state = hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer)
+        self._elastic_state = state
+        self._committed = {"epoch": trainer.start_epoch, "offset": trainer.resume_offset,
+                           "global_step": trainer.global_step}
+
+        def on_reset():
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+            self.threads = cpu_threads_per_rank(self.local_size, self.cfg_threads)
+            torch.set_num_threads(self.threads)
+            print(f"hvdtrain: [rank {self.rank}] elastic reset: {self.size} worker(s) now", flush=True)
+
+        state.register_reset_callbacks([on_reset])
+
+        @hvd.elastic.run
+        def run(state):
+            # Horovod: every rank continues from rank 0's last committed position (JSON, not pickle).
+            position = self.broadcast_object(self._committed if self.rank == 0 else None)
+            self._committed = position
+            trainer.restore_position(position)
+            return trainer.run_epochs()
+
+        return run(state)
+
+    def commit(self, position: Dict[str, int]) -> None:
+        self._committed = dict(position)
+        # Horovod: saves model and optimizer in memory and raises HostsUpdatedInterrupt when workers were added.
+        self._elastic_state.commit()
 
     def shutdown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
