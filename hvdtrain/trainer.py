@@ -255,6 +255,12 @@ class Trainer:
     def _restore(self) -> Tuple[int, int, int]:
         """Rank 0 picks and loads the checkpoint; every rank learns the outcome, then receives rank 0's state."""
         info = self._load_on_root() if self.backend.rank == 0 else None
+        if self.cfg.elastic:
+            # Elastic: no collective here (a worker joining a running job would wait for partners that never
+            # come); the elastic driver's sync broadcasts rank 0's state and position instead.
+            if info is not None and "error" in info:
+                raise checkpoint.CheckpointError(info["error"])
+            return (info["epoch"], info["global_step"], info["offset"]) if info else (0, 0, 0)
         # Horovod: every rank takes the same decision (resume or not, and from where), or fails the same way.
         info = self.backend.broadcast_object(info)
         if info is None:

@@ -95,7 +95,8 @@ class TorchBackend(Backend):
             gradient_predivide_factor=cfg.predivide)
         if cfg.precision == "fp16":
             self.scaler = torch.amp.GradScaler(self.device.type)
-        self.broadcast_state()
+        if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
+            self.broadcast_state()
 
     def broadcast_state(self) -> None:
         # Horovod: every rank starts from rank 0's weights, buffers and optimizer state (momentum, step counts).
