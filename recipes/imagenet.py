@@ -31,23 +31,16 @@ class ImageNetConfig(TrainConfig):
     """ImageNet defaults: Goyal et al.'s schedule, per-worker batch 32."""
 
     epochs: int = 90
-    """Number of passes over the training set."""
     batch_size: int = 32
-    """Samples per worker per step; the global batch is batch_size x world size x accumulate."""
     base_lr: float = 0.0
     """Learning rate for one worker and one micro-batch (0: --lr-per-256 x batch-size / 256)."""
     lr_per_256: float = 0.1
     """Learning rate per 256 images of global batch (Goyal et al.), used when --base-lr is 0."""
     warmup_epochs: float = 5.0
-    """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "step"
-    """Decay after warmup: step (x --lr-decay at each milestone), cosine, poly or constant."""
     lr_milestones: Tuple[int, ...] = (30, 60, 80)
-    """Epochs at which step decay multiplies the learning rate by --lr-decay, e.g. 30,60,80."""
     weight_decay: float = 1e-4
-    """L2 weight decay."""
     num_workers: int = 4
-    """Data loader worker processes per rank (0: load in the training process)."""
     model: Literal["resnet50_v1b", "resnet50_v1", "resnet18_v1b", "resnet101_v1b"] = "resnet50_v1b"
     """Network: GluonCV's model of this name on MXNet, the same architecture on PyTorch (v1b = torchvision's)."""
     last_gamma: bool = False

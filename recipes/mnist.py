@@ -88,18 +88,16 @@ def load_split(data_dir: str, images: str, labels: str) -> Tuple[np.ndarray, np.
 
 @dataclass
 class MNISTConfig(TrainConfig):
-    """MNIST defaults: 2 workers reach >= 97% on the embedded digits in a few seconds per epoch."""
+    """MNIST defaults: 2 workers reach >= 97% on the embedded digits in a few seconds per epoch.
+
+    An override without a docstring keeps TrainConfig's help text.
+    """
 
     epochs: int = 20
-    """Number of passes over the training set."""
     batch_size: int = 32
-    """Samples per worker per step; the global batch is batch_size x world size x accumulate."""
     base_lr: float = 0.03
-    """Learning rate for one worker and one micro-batch; scaled by world size x accumulate after warmup."""
     warmup_epochs: float = 1.0
-    """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
-    """Decay after warmup: step (x --lr-decay at each milestone), cosine, poly or constant."""
     data_dir: str = "data/digits"
     """Directory with the four MNIST IDX files (scripts/make_digits_mnist.py DIR writes the embedded digits)."""
     hidden: int = 128
