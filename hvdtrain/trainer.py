@@ -271,6 +271,20 @@ class Trainer:
         self.backend.broadcast_state()
         return info["epoch"], info["global_step"], info["offset"]
 
+    def _set_aside_previous_run(self) -> None:
+        """--resume never in a directory that holds an earlier run: move its checkpoints and metrics to
+        previous-TIMESTAMP/ rather than overwrite or prune them (they may be newer by name than this run's)."""
+        old = [p for p in (self.checkpoint_dir, os.path.join(self.cfg.output_dir, "metrics.jsonl"))
+               if os.path.exists(p)]
+        if not checkpoint.list_checkpoints(self.checkpoint_dir) or not old:
+            return
+        target = os.path.join(self.cfg.output_dir, time.strftime("previous-%Y%m%d-%H%M%S"))
+        os.makedirs(target, exist_ok=True)
+        for path in old:
+            os.replace(path, os.path.join(target, os.path.basename(path)))
+        print(f"hvdtrain: --resume never: the earlier run's checkpoints and metrics were moved to {target}",
+              file=sys.stderr)
+
     def _load_on_root(self) -> Optional[Dict[str, Any]]:
         cfg = self.cfg
         removed = checkpoint.clean_temporaries(self.checkpoint_dir)
@@ -278,6 +292,7 @@ class Trainer:
             print(f"hvdtrain: removed {len(removed)} temporary file(s) left by an interrupted checkpoint write",
                   file=sys.stderr)
         if cfg.resume == "never":
+            self._set_aside_previous_run()
             return None
         path = (checkpoint.latest_valid(self.checkpoint_dir, warn=lambda m: print(f"hvdtrain: warning: {m}",
                                                                                  file=sys.stderr))

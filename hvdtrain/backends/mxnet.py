@@ -17,6 +17,7 @@ pickled ``save_states`` format.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import warnings
@@ -51,6 +52,10 @@ class MXNetBackend(Backend):
     name = "mxnet"
 
     def __init__(self):
+        # A fresh name for every collective hvdtrain issues: horovod.mxnet runs them asynchronously on MXNet's
+        # engine, and re-using a name while Horovod still holds the previous tensor of that name aborts the process
+        # ("terminate called without an active exception", seen under mpirun).
+        self._op = itertools.count().__next__
         self.hvd = self.mx = None
         self.model = self.trainer = self.loss_fn = None
         self.ctx = None
@@ -143,13 +148,13 @@ class MXNetBackend(Backend):
     def broadcast_state(self) -> None:
         hvd = self.hvd
         # Horovod: every rank starts from rank 0's parameters.
-        hvd.broadcast_parameters(self._structural_params(), root_rank=0, prefix="hvdtrain.param.")
+        hvd.broadcast_parameters(self._structural_params(), root_rank=0, prefix=f"hvdtrain.param.{self._op()}.")
         # Horovod: and from rank 0's optimizer state — horovod.mxnet has no broadcast_optimizer_state.
         self._ensure_optimizer_states()
         updater, opt = self._updater(), self.trainer._optimizer
         for i in sorted(updater.states):
             for j, arr in enumerate(_flatten_state(updater.states[i])):
-                hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}")
+                hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}.{self._op()}")
         counts = self.broadcast_object({"num_update": opt.num_update,
                                         "index": {str(k): v for k, v in opt._index_update_count.items()}}
                                        if self.rank == 0 else None)
@@ -291,17 +296,17 @@ class MXNetBackend(Backend):
         keys = sorted(metrics)
         values = nd.array([self.scalar(metrics[k]) for k in keys], dtype="float64")
         # Horovod: one collective for all metrics, so every rank reports the same numbers.
-        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name="hvdtrain.metrics." + ".".join(keys))
+        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name=f"hvdtrain.metrics.{self._op()}")
         return dict(zip(keys, summed.asnumpy().tolist()))
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
         nd, hvd = self.mx.nd, self.hvd
         # Horovod: size first, then the payload, as a uint8 array (JSON text; nothing is unpickled).
         length = nd.array([len(data) if self.rank == root else 0], dtype="int64")
-        length = int(hvd.broadcast(length, root_rank=root, name="hvdtrain.bcast.len").asnumpy()[0])
+        length = int(hvd.broadcast(length, root_rank=root, name=f"hvdtrain.bcast.len.{self._op()}").asnumpy()[0])
         buf = (nd.array(np.frombuffer(data, dtype=np.uint8), dtype="uint8") if self.rank == root
                else nd.zeros((length,), dtype="uint8"))
-        return hvd.broadcast(buf, root_rank=root, name="hvdtrain.bcast.data").asnumpy().tobytes()
+        return hvd.broadcast(buf, root_rank=root, name=f"hvdtrain.bcast.data.{self._op()}").asnumpy().tobytes()
 
     # --- state -----------------------------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

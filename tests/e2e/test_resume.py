@@ -75,3 +75,17 @@ def test_checkpoint_of_another_framework_is_refused_on_every_rank(digits, tmp_pa
     other = run(horovodrun(2, *base, "--framework", "mxnet", "--epochs", "2"), timeout=240)
     assert other.returncode != 0
     assert "written by recipe mnist on torch, not mnist on mxnet" in other.output
+
+
+def test_resume_never_sets_the_earlier_run_aside(digits, tmp_path):
+    out = str(tmp_path / "run")
+    base = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--output-dir", out]
+    assert run(horovodrun(2, *base, "--epochs", "3", "--keep-checkpoints", "2"), timeout=240).returncode == 0
+    again = run(horovodrun(2, *base, "--epochs", "1", "--resume", "never"), timeout=240)
+    assert again.returncode == 0, describe(again)
+    names = [os.path.basename(p) for p in checkpoint.list_checkpoints(os.path.join(out, "checkpoints"))]
+    assert names == [checkpoint.checkpoint_name(1, 22)], "the new run's checkpoint is kept, not pruned"
+    (previous,) = [d for d in os.listdir(out) if d.startswith("previous-")]
+    kept = checkpoint.list_checkpoints(os.path.join(out, previous, "checkpoints"))
+    assert [os.path.basename(p) for p in kept] == [checkpoint.checkpoint_name(2, 44), checkpoint.checkpoint_name(3, 66)]
+    assert len(read_metrics(os.path.join(out, previous))) == 3 and len(read_metrics(out)) == 1
