@@ -65,7 +65,7 @@ class MXNetBackend(Backend):
         if cfg.adasum:
             raise ConfigError("--adasum is supported on --framework torch only (horovod.mxnet has no Adasum trainer)")
         # Horovod: ranks on one host share its cores (horovod#2804). MXNet reads OMP_NUM_THREADS when its engine
-        # starts, so it is set from the launcher's local size before mxnet is imported, and checked after init.
+        # starts, so it is set from the launcher's local size before mxnet is imported, and set again after init.
         self.threads = cpu_threads_per_rank(_launcher_local_size(), cfg.threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
@@ -73,6 +73,9 @@ class MXNetBackend(Backend):
         import mxnet as mx
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
+        if cfg.precision == "fp16" and mx.context.num_gpus() == 0:  # before Horovod starts: every rank exits 2
+            raise ConfigError("--precision fp16 needs a GPU on --framework mxnet (MXNet has no fp16 GEMM on the "
+                              "CPU); use --precision bf16 on the CPU")
         # Horovod: start the background thread and join the job.
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -84,9 +87,6 @@ class MXNetBackend(Backend):
         self.ctx = mx.gpu(self.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
         self.device = self.ctx
         self.precision = cfg.precision
-        if cfg.precision == "fp16" and self.ctx.device_type == "cpu":
-            raise ConfigError("--precision fp16 needs a GPU on --framework mxnet (MXNet has no fp16 GEMM on the "
-                              "CPU); use --precision bf16 on the CPU")
         if cfg.precision == "bf16":
             from mxnet.contrib import amp
             # AMP rewrites operators as they are created: before the network is built.

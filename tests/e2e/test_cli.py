@@ -87,3 +87,10 @@ def test_crafted_yaml_config_is_refused_without_running_it(tmp_path):
     result = run(hvdtrain("recipe", "mnist", "--config", str(cfg)), timeout=120)
     assert result.returncode == 2 and len(error_lines(result)) == 1, describe(result)
     assert "is not plain YAML" in result.stderr and not target.exists()
+
+
+def test_mxnet_fp16_without_gpu_is_refused_before_horovod_starts(tmp_path):
+    result = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", "mxnet",
+                                         "--precision", "fp16", "--output-dir", str(tmp_path / "out"))), timeout=120)
+    assert result.returncode != 0
+    assert result.output.count("--precision fp16 needs a GPU on --framework mxnet") == 2, describe(result)
