@@ -20,6 +20,8 @@ commands:
   recipe NAME [--option value ...]   train a recipe (NAME from 'list', or package.module:TrainerClass)
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
+  bench scaling [--recipe R] [--framework F] [--max-np N]
+                                     img/s and scaling efficiency at np = 1..N (JSON + PNG)
   
 Launch with Horovod as usual, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain recipe mnist --framework torch --data-dir data/digits
@@ -95,7 +97,16 @@ def cmd_doctor(argv: List[str]) -> int:
     return doctor_main(argv)
 
 
-COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor}
+def cmd_bench(argv: List[str]) -> int:
+    from .bench import main as bench_main
+    try:
+        return bench_main(argv)
+    except RuntimeError as e:  # a benchmark run failed: its own output says why
+        _error(str(e))
+        return 1
+
+
+COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -90,7 +90,8 @@ class TrainConfig:
     checkpoint_every_steps: int = 0
     """Also checkpoint every N optimizer steps inside an epoch (0: at epoch ends only); resume is exact mid-epoch."""
     max_bad_steps: int = 20
-    """Stop the job when the training loss is non-finite on any rank for this many steps in a row (0: never)."""
+    """Stop the job when the training loss is non-finite on any rank for this many steps in a row (0: never);
+    the ranks decide together every 10 steps."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit); for smoke tests and benchmarks."""
     seed: int = 42

@@ -119,7 +119,7 @@ def test_non_finite_loss_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_pa
     result, seconds = tiny(out, "--epochs", "50", "--fault", "nan", "--fault-step", "10", "--max-bad-steps", "3",
                            "--resume", "never")
     assert result.returncode != 0 and seconds < 60, describe(result)
-    assert "NaN or infinite for 3 steps in a row" in result.output
+    assert "NaN or infinite for at least 3 steps in a row" in result.output
     newest = checkpoint.latest_valid(str(out / "checkpoints"))
     state = checkpoint.load(newest)
     assert state["trainer"]["global_step"] <= 8

@@ -1,0 +1,27 @@
+"""Smoke test of the benchmark command at its smallest size: the JSON schema and the chart. No speed is asserted."""
+import json
+
+from tests.helpers import describe, hvdtrain, run
+
+
+def test_scaling_benchmark_writes_json_and_png(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "scaling", "--recipe", "mnist", "--framework", "torch", "--max-np", "2",
+                          "--rounds", "1", "--steps", "5", "--output-dir", str(out), "--", "--batch-size", "16"),
+                 timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "scaling.json").read_text())
+    assert data["benchmark"] == "scaling" and data["threads_per_rank"] >= 1 and "--synthetic" in data["extra_args"]
+    assert [r["np"] for r in data["rows"]] == [1, 2]
+    for row in data["rows"]:
+        assert set(row) >= {"images_per_sec", "per_worker", "min", "max", "samples", "efficiency"}
+        assert row["images_per_sec"] > 0 and row["min"] <= row["images_per_sec"] <= row["max"]
+    assert data["rows"][0]["efficiency"] == 1.0
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failing_benchmark_run_is_one_line(tmp_path):
+    result = run(hvdtrain("bench", "scaling", "--recipe", "nosuch", "--rounds", "1", "--steps", "1",
+                          "--output-dir", str(tmp_path)), timeout=120)
+    assert result.returncode == 1
+    assert "bench: np=1 failed (exit" in result.stderr and "unknown recipe 'nosuch'" in result.stderr
