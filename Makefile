@@ -21,7 +21,7 @@ ifdef HOROVOD_GPU_OPERATIONS
 export HOROVOD_GPU_OPERATIONS
 endif
 
-.PHONY: install deps horovod demo demo-mxnet imagenet-synthetic test test-unit data doctor clean
+.PHONY: install deps horovod demo demo-mxnet imagenet-synthetic bench test test-unit data doctor clean
 
 install: deps horovod
 
@@ -56,6 +56,11 @@ imagenet-synthetic: install
 			--synthetic --epochs 1 --warmup-epochs 0 --max-steps 10 --batch-size 16 --image-size 112 \
 			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
 	done
+
+# Scaling sweep (np = 1..NP) of the MNIST recipe on synthetic data, both frameworks: runs/bench/*/scaling.{json,png}
+bench: install
+	$(PY) -m hvdtrain bench scaling --recipe mnist --framework torch --max-np $(NP) --output-dir runs/bench/mnist-torch
+	$(PY) -m hvdtrain bench scaling --recipe mnist --framework mxnet --max-np $(NP) --output-dir runs/bench/mnist-mxnet
 
 test: install
 	$(PY) -m pytest -q
