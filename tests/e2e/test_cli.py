@@ -75,7 +75,9 @@ def test_crafted_checkpoint_is_refused_without_running_it(framework, tmp_path):
     result = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", framework,
                                          "--resume", str(evil), "--output-dir", str(tmp_path / "out"))), timeout=120)
     assert result.returncode != 0
-    assert result.output.count("hvdtrain: error: cannot resume from") == 2, describe(result)
+    # horovodrun stops the other rank once one exits, sometimes before it prints: one line or two, never a traceback
+    assert result.output.count("hvdtrain: error: cannot resume from") >= 1, describe(result)
+    assert "] Traceback" not in result.output
     assert "was not completely written by hvdtrain" in result.output
     assert not target.exists()
 
@@ -93,4 +95,5 @@ def test_mxnet_fp16_without_gpu_is_refused_before_horovod_starts(tmp_path):
     result = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", "mxnet",
                                          "--precision", "fp16", "--output-dir", str(tmp_path / "out"))), timeout=120)
     assert result.returncode != 0
-    assert result.output.count("--precision fp16 needs a GPU on --framework mxnet") == 2, describe(result)
+    assert result.output.count("--precision fp16 needs a GPU on --framework mxnet") >= 1, describe(result)
+    assert "] Traceback" not in result.output
