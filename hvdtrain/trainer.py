@@ -135,7 +135,7 @@ class Trainer:
         if hasattr(train_set, "set_epoch"):  # per-sample augmentation seeds
             train_set.set_epoch(epoch)
         global_batch = cfg.batch_size * cfg.accumulate * backend.size
-        steps = len(self.train_sampler) // (cfg.batch_size * cfg.accumulate)
+        steps = steps_per_epoch(len(self.train_sampler), cfg.batch_size * cfg.accumulate)
         mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
         batches = backend.loader(train_set, self.train_sampler, cfg.batch_size, drop_last=True,
                                  num_workers=cfg.num_workers)

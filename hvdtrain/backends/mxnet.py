@@ -335,7 +335,7 @@ class MXNetBackend(Backend):
                 raise ValueError(f"checkpoint parameter {name} has shape {value.shape}, the model {p.shape}")
             p.set_data(nd.array(value, ctx=self.ctx, dtype=p.dtype))
         self._ensure_optimizer_states()
-        updater, opt = self._updater(), self.trainer._optimizer
+        updater = self._updater()
         index = {id(p): i for i, p in enumerate(self.trainer._params)}
         for name, arrays in state["optimizer"]["states"].items():
             targets = _flatten_state(updater.states[index[id(params[name])]])

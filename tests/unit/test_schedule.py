@@ -1,5 +1,3 @@
-import math
-
 import pytest
 
 from hvdtrain.schedule import decay_factor, learning_rate, scaled_lr
