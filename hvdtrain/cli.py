@@ -70,6 +70,8 @@ def cmd_recipe(argv: List[str]) -> int:
     finally:
         if trainer.reporter is not None:
             trainer.reporter.stop()
+    # An orderly stop of Horovod (and of MXNet's queued ops) before the interpreter tears libraries down.
+    trainer.backend.shutdown()
     if trainer.backend is not None and trainer.backend.rank == 0:
         metrics = os.path.join(trainer.cfg.output_dir, "metrics.jsonl")
         if record is not None and record.get("val_accuracy") is not None:

@@ -155,6 +155,9 @@ class MXNetBackend(Backend):
         for i in sorted(updater.states):
             for j, arr in enumerate(_flatten_state(updater.states[i])):
                 hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}.{self._op()}")
+        # horovod.mxnet broadcasts run later on MXNet's engine: finish them now, not during interpreter exit, where
+        # an op still pending when Horovod shuts down aborts the process (seen under mpirun).
+        self.mx.nd.waitall()
         counts = self.broadcast_object({"num_update": opt.num_update,
                                         "index": {str(k): v for k, v in opt._index_update_count.items()}}
                                        if self.rank == 0 else None)
@@ -177,6 +180,7 @@ class MXNetBackend(Backend):
 
     def shutdown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
+            self.mx.nd.waitall()  # no Horovod op may still be queued on MXNet's engine when Horovod stops
             self.hvd.shutdown()
 
     # --- steps -----------------------------------------------------------------------------------------------------

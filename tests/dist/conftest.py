@@ -70,3 +70,12 @@ def assert_same_on_every_rank(backend, values: np.ndarray, what: str):
     for i, v in enumerate(values):
         assert mean[f"v{i}"] == pytest.approx(v, rel=1e-12, abs=1e-12), f"{what} differs across ranks"
         assert mean[f"s{i}"] == pytest.approx(float(v) ** 2, rel=1e-12, abs=1e-12), f"{what} differs across ranks"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop Horovod in order (after MXNet's queued ops) rather than during interpreter exit."""
+    import sys
+    if "horovod.mxnet" in sys.modules:
+        import mxnet as mx
+        mx.nd.waitall()
+        sys.modules["horovod.mxnet"].shutdown()
