@@ -180,9 +180,12 @@ class Trainer:
                 self.save_checkpoint(epoch + 1)
             else:  # --max-steps ended the epoch early
                 self.save_checkpoint(epoch, offset + done * global_batch)
-        self.commit(epoch + 1 if done == steps else epoch, 0 if done == steps else offset + done * global_batch)
+        self.commit(epoch + 1 if done == steps else epoch, 0 if done == steps else offset + done * global_batch,
+                    check=False)
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
+        if cfg.elastic:  # after the record is written: a membership change restarts from the commit above
+            self.backend.check_membership()
         return record
 
     def _mid_epoch_save(self, epoch: int, offset: int) -> None:
@@ -193,11 +196,13 @@ class Trainer:
                 and self.backend.rank == 0:
             self.save_checkpoint(epoch, offset)
 
-    def commit(self, epoch: int, offset: int) -> None:
+    def commit(self, epoch: int, offset: int, check: bool = True) -> None:
         """Elastic mode: remember this position (and the backend's model and optimizer) as the point to roll back
-        to when a worker leaves or joins."""
+        to when a worker leaves or joins; with ``check``, then restart there at once if workers were added."""
         if self.cfg.elastic:
             self.backend.commit({"epoch": epoch, "offset": offset, "global_step": self.global_step})
+            if check:
+                self.backend.check_membership()
 
     def restore_position(self, position: Dict[str, int]) -> None:
         """Elastic mode, after a reset: continue from a committed position with the new world size."""

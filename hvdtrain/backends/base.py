@@ -158,6 +158,10 @@ class Backend(abc.ABC):
     def commit(self, position: Dict[str, int]) -> None:
         """Elastic mode: save model, optimizer and ``position`` as the state to roll back to."""
 
+    def check_membership(self) -> None:
+        """Elastic mode, after :meth:`commit`: raise the framework's interrupt when workers were added, so that
+        training restarts from the commit with the new world."""
+
     def parameters_numpy(self) -> Dict[str, Any]:
         """Model parameters as numpy arrays by name (for checks and tests)."""
         return self.state_dict()["model"]

@@ -139,8 +139,13 @@ class TorchBackend(Backend):
 
     def commit(self, position: Dict[str, int]) -> None:
         self._committed = dict(position)
-        # Horovod: saves model and optimizer in memory and raises HostsUpdatedInterrupt when workers were added.
-        self._elastic_state.commit()
+        # Horovod: State.commit() is save() then check_host_updates(); they are split so that the trainer can record
+        # a finished epoch between the two (an interrupt raised here would otherwise drop that epoch's record).
+        self._elastic_state.save()
+
+    def check_membership(self) -> None:
+        # Horovod: raises HostsUpdatedInterrupt when workers were added; the run restarts from the commit.
+        self._elastic_state.check_host_updates()
 
     def shutdown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
