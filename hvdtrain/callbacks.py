@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from .phases import format_phases, stragglers
+
 
 class Callback:
     """Hooks called by the Trainer on rank 0. ``record`` is one epoch's metrics (see metrics.jsonl)."""
@@ -73,6 +75,11 @@ class ProgressLogger(Callback):
             self.bar.close()
             self.bar = None
         print(format_record(record, trainer.cfg.epochs), file=self.stream, flush=True)
+        if record.get("phase_seconds"):
+            print(f"  step {1000 * record['step_seconds']:.1f}ms: {format_phases(record['phase_seconds'])}",
+                  file=self.stream, flush=True)
+        for line in stragglers(record):
+            print(f"  straggler: {line}", file=self.stream, flush=True)
 
 
 class MetricsFile(Callback):
@@ -125,6 +132,10 @@ class TensorBoard(Callback):
         for k, v in record.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
                 self._scalar(f"epoch/{k}", v, record["epoch"])
+        for phase, seconds in (record.get("phase_seconds") or {}).items():
+            self._scalar(f"phase_seconds/{phase}", seconds, record["epoch"])
+        for phase, slowest in (record.get("phase_slowest") or {}).items():
+            self._scalar(f"phase_slowest_seconds/{phase}", slowest["seconds"], record["epoch"])
         self.writer.flush()
 
     def on_train_end(self, trainer, last):

@@ -1,4 +1,4 @@
-"""Command line: ``python -m hvdtrain recipe NAME [--option value ...] | list | doctor``.
+"""Command line: ``python -m hvdtrain recipe NAME [--option value ...] | list | doctor | bench | report``.
 
 Flags are parsed and checked, and the recipe's data checked, before Horovod starts: a bad command line ends every
 rank at once with one line naming what to fix and exit status 2.
@@ -20,6 +20,7 @@ commands:
   recipe NAME [--option value ...]   train a recipe (NAME from 'list', or package.module:TrainerClass)
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
+  report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
   bench scaling [--recipe R] [--framework F] [--max-np N]
                                      img/s and scaling efficiency at np = 1..N (JSON + PNG)
   
@@ -99,6 +100,11 @@ def cmd_doctor(argv: List[str]) -> int:
     return doctor_main(argv)
 
 
+def cmd_report(argv: List[str]) -> int:
+    from .report import main as report_main
+    return report_main(argv)
+
+
 def cmd_bench(argv: List[str]) -> int:
     from .bench import main as bench_main
     try:
@@ -108,7 +114,7 @@ def cmd_bench(argv: List[str]) -> int:
         return 1
 
 
-COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench}
+COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

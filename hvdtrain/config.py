@@ -14,7 +14,7 @@ import os
 import textwrap
 import typing
 from dataclasses import dataclass
-from typing import Literal, Tuple
+from typing import Literal, Optional, Tuple
 
 
 class ConfigError(ValueError):
@@ -106,7 +106,21 @@ class TrainConfig:
     commit_every: int = 10
     """Elastic mode: commit model, optimizer and position every N steps (what a reset rolls back to)."""
     stall_timeout: int = 60
-    """Seconds a rank may wait for the others before the job is stopped (Horovod's default: wait forever)."""
+    """Seconds a rank may wait for the others before the job is stopped (Horovod's default: wait forever); after
+    half of it, rank 0 prints a table of every rank's last step and phase."""
+    profile_steps: int = 0
+    """Synchronise the device between the phases of every N-th step and take the per-phase times from those steps
+    (0: host clocks on every step, no synchronisation added; exact on CPU PyTorch)."""
+    timeline_file: str = ""
+    """Horovod timeline file (Chrome trace JSON, written by rank 0), recorded for --timeline-steps only
+    (default OUTPUT_DIR/timeline.json when --timeline-steps is given). Not --timeline: horovodrun takes that prefix
+    of its own --timeline-filename even after the command."""
+    timeline_steps: str = ""
+    """A:B: record the Horovod timeline from global step A to step B inclusive (counted from 1), e.g. 100:110
+    (default with --timeline-file: 1:20)."""
+    autotune: bool = False
+    """Let Horovod's autotuner choose the fusion threshold and cycle time; its log goes to OUTPUT_DIR/autotune.csv
+    and the best values found are printed at the end."""
 
     def validate(self) -> None:
         """Range checks that types cannot express; raise ConfigError naming the flag."""
@@ -137,10 +151,26 @@ class TrainConfig:
         if self.elastic and self.framework != "torch":
             raise ConfigError(f"--elastic is available on --framework torch only: Horovod has no elastic mode for "
                               f"{self.framework}; recover by checkpoint restart (--resume auto) instead")
+        self.timeline_window()  # raises on a malformed --timeline-steps
+        if self.profile_steps < 0:
+            raise ConfigError(f"--profile-steps must be 0 or more, got {self.profile_steps}")
         if self.adasum and self.predivide != 1.0:
             raise ConfigError("--predivide cannot be combined with --adasum")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
+
+    def timeline_window(self) -> Optional[Tuple[int, int]]:
+        """(A, B) of --timeline-steps (or its default when only --timeline is set); None: no timeline."""
+        if not self.timeline_file and not self.timeline_steps:
+            return None
+        text = self.timeline_steps or "1:20"
+        try:
+            a, b = (int(v) for v in text.split(":"))
+        except ValueError:
+            raise ConfigError(f"--timeline-steps must be A:B (global steps, e.g. 100:110), got {text!r}") from None
+        if not 1 <= a <= b:
+            raise ConfigError(f"--timeline-steps A:B needs 1 <= A <= B, got {text!r}")
+        return a, b
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -42,14 +45,22 @@ class RankReporter:
         self.error_path = os.path.join(self.error_dir, f"rank-{rank}.txt")
         self.beat_path = os.path.join(self.beat_dir, f"rank-{rank}.json")
         self.step, self.phase = 0, "setup"
+        self.since = time.monotonic()  # when the phase was entered
+        self.output_dir = output_dir
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._stall_after = 0.0
+        self._wakeup: Optional[socket.socket] = None
         for path in (self.error_path, self.beat_path):  # a new run: no stale reports of this rank
             if os.path.exists(path):
                 os.unlink(path)
 
     def progress(self, step: int, phase: str) -> None:
-        self.step, self.phase = step, phase
+        self.step, self.phase, self.since = step, phase, time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        """The training thread entered ``phase`` of the current step."""
+        self.phase, self.since = phase, time.monotonic()
 
     def start(self) -> "RankReporter":
         os.makedirs(self.beat_dir, exist_ok=True)
@@ -57,21 +68,75 @@ class RankReporter:
         self._thread.start()
         return self
 
+    def watch(self, stall_after: float) -> None:
+        """On this rank (rank 0), print the table of ranks (:func:`heartbeat_table`) on SIGUSR1, and once whenever
+        this rank has made no progress for ``stall_after`` seconds while another rank is behind or silent.
+
+        The signal is read by the heartbeat thread through a wakeup socket, so the table comes also while the
+        training thread is blocked inside a collective. Call from the main thread, before :meth:`start`.
+        """
+        self._stall_after = stall_after
+        if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
+            return
+        ours, theirs = socket.socketpair()
+        for sock in (ours, theirs):
+            sock.setblocking(False)
+        signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the default action would kill the process
+        signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
+        self._wakeup, self._wakeup_writer = ours, theirs
+
     def stop(self) -> None:
+        """Stop the heartbeat thread, after one last heartbeat (a finished rank reads "done")."""
         self._stop.set()
+        if self._wakeup is not None and threading.current_thread() is threading.main_thread():
+            # Ignored from now on: at interpreter exit Python resets its handlers, and a late SIGUSR1 would kill.
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            signal.set_wakeup_fd(-1)
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval)
+            self._write_beat()
+
+    def _write_beat(self) -> None:
+        tmp = f"{self.beat_path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"rank": self.rank, "step": self.step, "phase": self.phase, "time": time.time(),
+                           "in_phase": time.monotonic() - self.since, "pid": os.getpid(),
+                           "host": socket.gethostname()}, f)
+            os.replace(tmp, self.beat_path)
+        except OSError:
+            pass  # diagnostics must never fail training
 
     def _beat(self) -> None:
-        host = socket.gethostname()
+        reported = None  # the (step, phase, since) a stall table was printed for
         while not self._stop.is_set():
-            tmp = f"{self.beat_path}.{os.getpid()}.tmp"
-            try:
-                with open(tmp, "w") as f:
-                    json.dump({"rank": self.rank, "step": self.step, "phase": self.phase, "time": time.time(),
-                               "pid": os.getpid(), "host": host}, f)
-                os.replace(tmp, self.beat_path)
-            except OSError:
-                pass  # diagnostics must never fail training
+            self._write_beat()
+            if self._wait_for_signal():
+                print(heartbeat_table(self.output_dir, "on SIGUSR1"), file=sys.stderr, flush=True)
+            here = (self.step, self.phase, self.since)
+            waited = time.monotonic() - self.since
+            if self._stall_after and waited >= self._stall_after and here != reported \
+                    and self.phase not in ("setup", "done"):
+                beats = read_heartbeats(self.beat_dir)
+                if any(_behind(b, beats) or _silent(b) for b in beats):
+                    reported = here
+                    print(heartbeat_table(self.output_dir, f"rank {self.rank} has waited {waited:.0f}s in "
+                                                           f"{self.phase} at step {self.step}"),
+                          file=sys.stderr, flush=True)
+
+    def _wait_for_signal(self) -> bool:
+        """Wait one heartbeat interval; True when SIGUSR1 arrived meanwhile."""
+        if self._wakeup is None:
             self._stop.wait(self.interval)
+            return False
+        ready, _, _ = select.select([self._wakeup], [], [], self.interval)
+        if not ready:
+            return False
+        try:
+            data = self._wakeup.recv(64)
+        except OSError:
+            return False
+        return signal.SIGUSR1 in data
 
     def record_error(self, exc: BaseException) -> str:
         os.makedirs(self.error_dir, exist_ok=True)
@@ -98,7 +163,7 @@ def _read_errors(error_dir: str) -> List[dict]:
     return out
 
 
-def _read_heartbeats(beat_dir: str) -> List[dict]:
+def read_heartbeats(beat_dir: str) -> List[dict]:
     out = []
     if os.path.isdir(beat_dir):
         for name in os.listdir(beat_dir):
@@ -109,6 +174,49 @@ def _read_heartbeats(beat_dir: str) -> List[dict]:
                 except (OSError, ValueError):
                     continue
     return sorted(out, key=lambda b: b.get("rank", 0))
+
+
+STALE_SECONDS = 5.0
+"""A heartbeat older than this: the rank stopped (SIGSTOP, a hung system call) or died."""
+
+_ORDER = ("setup", "data", "forward", "backward", "allreduce", "step", "other", "metrics", "eval", "checkpoint", "done")
+
+
+def _progress(beat: dict) -> tuple:
+    phase = beat.get("phase", "")
+    return beat.get("step", 0), _ORDER.index(phase) if phase in _ORDER else 0
+
+
+def _behind(beat: dict, beats: List[dict]) -> bool:
+    """True when ``beat``'s rank is at the earliest point (step, phase) among ranks that are not all at the same one."""
+    points = {_progress(b) for b in beats}
+    return len(points) > 1 and _progress(beat) == min(points)
+
+
+def _silent(beat: dict, now: Optional[float] = None) -> bool:
+    return (now or time.time()) - beat.get("time", 0) > STALE_SECONDS
+
+
+def heartbeat_table(output_dir: str, why: str) -> str:
+    """Every rank's last step and phase, how long it has been in that phase, and when it was last seen; the rank
+    that is behind the others and any rank that went silent are marked. Read from OUTPUT_DIR/heartbeats/
+    (every rank's, when the output directory is shared; this host's otherwise)."""
+    beats = read_heartbeats(os.path.join(output_dir, "heartbeats"))
+    now = time.time()
+    lines = [f"hvdtrain: ranks {time.strftime('%H:%M:%S')} ({why})",
+             f"  {'rank':>4}  {'host':<16} {'pid':>7}  {'step':>7}  {'phase':<10} {'in phase':>9}  {'seen':>9}"]
+    for b in beats:
+        mark = ""
+        if _silent(b, now):
+            mark = "  <- silent: stopped or killed?"
+        elif _behind(b, beats):
+            mark = "  <- behind: the others wait for this rank"
+        lines.append(f"  {b.get('rank', '?'):>4}  {str(b.get('host', '?'))[:16]:<16} {b.get('pid', '?'):>7}  "
+                     f"{b.get('step', '?'):>7}  {b.get('phase', '?'):<10} {b.get('in_phase', 0.0):>8.1f}s  "
+                     f"{now - b.get('time', now):>5.1f}s ago{mark}")
+    if not beats:
+        lines.append("  (no heartbeats found)")
+    return "\n".join(lines)
 
 
 def explain_failure(output_dir: str, rank: int, wait: float = 3.0) -> Optional[str]:
@@ -124,7 +232,7 @@ def explain_failure(output_dir: str, rank: int, wait: float = 3.0) -> Optional[s
     if causes:
         first = min(causes, key=lambda e: e["time"])
         return f"the first failure was on rank {first['rank']} ({first['host']}): {first['error']} [{first['file']}]"
-    beats = _read_heartbeats(os.path.join(output_dir, "heartbeats"))
+    beats = read_heartbeats(os.path.join(output_dir, "heartbeats"))
     if len(beats) < 2:
         return None
     now = time.time()

@@ -29,6 +29,8 @@ from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, steps_per_epoch
 from .faults import RankReporter
+from .phases import PHASES, PhaseTimer, summarize
+from .report import autotune_best, format_autotune
 
 
 class Trainer:
@@ -84,7 +86,14 @@ class Trainer:
         self.check()
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
-        self.reporter = RankReporter(cfg.output_dir, backend.rank).start()
+        self.reporter = RankReporter(cfg.output_dir, backend.rank)
+        if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
+            self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
+            self._forget_departed_ranks(backend.size)
+        self.reporter.start()
+        # Per-phase step times; the backend marks its phases on the same timer, which tells the heartbeat too.
+        self.phases = backend.phases = PhaseTimer(backend.synchronize, cfg.profile_steps, self.reporter.enter)
+        self._timeline = "off"
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self._datasets()
         loss = getattr(self, f"loss_{backend.name}", None)
@@ -112,6 +121,10 @@ class Trainer:
             print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
                   f"(raise --epochs, or pass --resume never to start over)", flush=True)
         record = self.backend.run_elastic(self) if cfg.elastic else self.run_epochs()
+        self._timeline_window(after_step=True, end=True)
+        if cfg.autotune and is_root:
+            best = autotune_best(os.path.join(cfg.output_dir, "autotune.csv"))
+            print(f"hvdtrain: autotune: {format_autotune(best)}; log in {cfg.output_dir}/autotune.csv", flush=True)
         for cb in self.callbacks:
             cb.on_train_end(self, record)
         self.reporter.progress(self.global_step, "done")
@@ -143,9 +156,12 @@ class Trainer:
             cb.on_epoch_start(self, epoch, steps)
         sums: Dict[str, Any] = {}
         done, start, bad, lr = 0, time.perf_counter(), 0, backend.get_lr()
+        self.phases.reset()
         for i in range(steps):
             position = offset + i * global_batch  # samples of this epoch consumed before this step
-            self.reporter.progress(self.global_step, "train")
+            self.reporter.progress(self.global_step, "data")
+            self._timeline_window(after_step=False)
+            self.phases.begin_step(self.global_step + 1)
             # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them.
             backend.seed(self._rank_seed(epoch, position))
             lr = self.lr_at(epoch + position / len(train_set))
@@ -153,6 +169,7 @@ class Trainer:
             mix = float(np.random.default_rng([cfg.seed, epoch, position]).beta(cfg.mixup, cfg.mixup)) \
                 if mixing else None
             out = backend.train_step(self._next_micro_batches(batches), mix=mix)
+            self.phases.enter("other")
             sums = {k: sums.get(k, 0) + v for k, v in out.items()}
             done += 1
             self.global_step += 1
@@ -165,16 +182,19 @@ class Trainer:
                     cb.on_log(self, self.global_step, logged)
             if i + 1 < steps and bad == 0:
                 self._mid_epoch_save(epoch, position + global_batch)
+            self.phases.end_step()
+            self._timeline_window(after_step=True)
             if self._reached_max_steps():
                 break
+        train_seconds = time.perf_counter() - start
         self.reporter.progress(self.global_step, "metrics")
         train = backend.allreduce_mean({k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0})
-        train_seconds = time.perf_counter() - start
+        timing = self._phase_summary(train_seconds / max(done, 1))
         self.reporter.progress(self.global_step, "eval")
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
                   "images_per_sec": done * global_batch / train_seconds,
                   "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
-                  "framework": backend.name, "global_step": self.global_step}
+                  "framework": backend.name, "global_step": self.global_step, **timing}
         if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
             if done == steps:
                 self.save_checkpoint(epoch + 1)
@@ -213,6 +233,40 @@ class Trainer:
         if self.val_sampler is not None:
             self.val_sampler.rank, self.val_sampler.size = b.rank, b.size
         self.reporter.rank = b.rank
+
+    def _phase_summary(self, step_seconds: float) -> Dict[str, Any]:
+        """This epoch's per-phase step times: every rank's means (and its measured time per step) gathered in one
+        collective, then averaged, with the slowest rank of each phase (see :mod:`hvdtrain.phases`)."""
+        local = self.phases.local_means()
+        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [step_seconds])
+        clock = "synchronized" if self.cfg.profile_steps else "launch" if self.backend.asynchronous else "host"
+        return summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[-1] for row in rows])
+
+    def _timeline_window(self, after_step: bool, end: bool = False) -> None:
+        """--timeline-file/--timeline-steps: start Horovod's timeline before global step A and stop it after step B (or at the end)."""
+        window = self.cfg.timeline_window()
+        if window is None:
+            return
+        a, b = window
+        if self._timeline == "off" and not after_step and a <= self.global_step + 1 <= b:
+            path = self.cfg.timeline_file or os.path.join(self.cfg.output_dir, "timeline.json")
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self.backend.start_timeline(path)
+            self._timeline = path
+        elif self._timeline not in ("off", "done") and after_step and (self.global_step >= b or end):
+            self.backend.stop_timeline()
+            if self.backend.rank == 0:
+                print(f"hvdtrain: Horovod timeline of steps {a}..{min(b, self.global_step)} written to "
+                      f"{self._timeline} (open it in chrome://tracing or ui.perfetto.dev)", flush=True)
+            self._timeline = "done"
+
+    def _forget_departed_ranks(self, size: int) -> None:
+        """Heartbeats of ranks that an earlier, larger run in this output directory left behind."""
+        beat_dir = os.path.join(self.cfg.output_dir, "heartbeats")
+        for name in os.listdir(beat_dir) if os.path.isdir(beat_dir) else []:
+            stem = name[len("rank-"):-len(".json")] if name.startswith("rank-") and name.endswith(".json") else ""
+            if stem.isdigit() and int(stem) >= size:
+                os.unlink(os.path.join(beat_dir, name))
 
     def evaluate(self) -> Dict[str, Optional[float]]:
         """Loss and accuracy on the validation set: each rank a disjoint shard, sums allreduced once."""
@@ -396,3 +450,5 @@ class Trainer:
               f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
               + f" = {cfg.batch_size * cfg.accumulate * b.size}; lr {cfg.base_lr:g} -> {target:g}; "
               f"{steps} steps/epoch; output {cfg.output_dir}", flush=True)
+        print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
+              f"phase", flush=True)

@@ -21,13 +21,16 @@ class TinyConfig(TrainConfig):
     perturb_by_rank: bool = False
     """Add rank-dependent noise to the initial weights (tests that the broadcast makes them equal)."""
     fault: str = ""
-    """Fault injection for tests: raise, kill (SIGKILL), stop (SIGSTOP) or nan, on --fault-rank at --fault-step."""
+    """Fault injection for tests: raise, kill (SIGKILL), stop (SIGSTOP), nan, or sleep (--fault-seconds, once), on
+    --fault-rank at --fault-step."""
     fault_rank: int = 1
     """Rank that suffers the fault."""
     fault_step: int = 5
     """Training batch (counted from 1 in this process) at which the fault happens."""
     fault_once: str = ""
     """A marker file: the fault happens only while it does not exist (it is created then), e.g. across resets."""
+    fault_seconds: float = 10.0
+    """How long --fault sleep sleeps."""
     step_sleep: float = 0.0
     """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
 
@@ -57,6 +60,8 @@ class _Faults:
                 and not (once and os.path.exists(once)):
             if once:
                 open(once, "w").close()
+            if cfg.fault == "sleep" and self.batches == cfg.fault_step:
+                time.sleep(cfg.fault_seconds)
             if cfg.fault == "raise" and self.batches == cfg.fault_step:
                 raise ValueError(f"injected failure at batch {self.batches}")
             if cfg.fault == "kill":

@@ -6,9 +6,12 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
 - ``setup(model, cfg)``: optimizer, Horovod's distributed optimizer (compression, accumulation, predivide), and
   parameters plus optimizer state broadcast from rank 0.
 - ``train_step(micro_batches)``: forward/backward over ``accumulate`` micro-batches, one allreduce, one optimizer
-  step; returns backend-native scalars (summed by the Trainer without a device synchronisation).
+  step; returns backend-native scalars (summed by the Trainer without a device synchronisation). It marks the
+  phases it enters on ``self.phases`` (forward, backward, allreduce, step); ``synchronize()`` waits for the device.
+- ``start_timeline(path)`` / ``stop_timeline()``: Horovod's timeline for a window of steps.
 - ``eval_step(batch)``: sums (loss, correct, count) for one batch.
-- ``allreduce_sum`` / ``allreduce_mean``: metrics across ranks, returned as floats.
+- ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
+  ``allreduce_mean`` (metrics across ranks, returned as floats) and ``allgather_floats``.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled).
 - ``set_lr`` / ``get_lr``, ``seed``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
 - ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
@@ -19,6 +22,10 @@ import abc
 import json
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+import numpy as np
+
+from ..phases import PhaseTimer
 
 
 def cpu_threads_per_rank(local_size: int, requested: int = 0) -> int:
@@ -45,6 +52,12 @@ def horovod_environment(cfg) -> None:
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, cfg.stall_timeout // 2)))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", timeout)
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
+    if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
+        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+    if cfg.autotune:
+        os.makedirs(cfg.output_dir, exist_ok=True)  # rank 0 opens the log in hvd.init()
+        os.environ["HOROVOD_AUTOTUNE"] = "1"
+        os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.abspath(os.path.join(cfg.output_dir, "autotune.csv")))
 
 
 def preload_image_codecs() -> None:
@@ -71,6 +84,11 @@ class Backend(abc.ABC):
     local_size: int = 1
     device: Any = None
     threads: int = 1
+    asynchronous: bool = False
+    """True when the host returns before the device has finished (MXNet's engine, CUDA): host clocks then measure
+    launches, not work."""
+    phases: PhaseTimer = PhaseTimer()
+    """The Trainer's per-phase timer of the current step; the backend marks the phases of ``train_step`` on it."""
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -83,6 +101,17 @@ class Backend(abc.ABC):
 
     def shutdown(self) -> None:
         """Release Horovod's background thread; safe to call twice."""
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished the work queued so far (for exact phase times)."""
+
+    def start_timeline(self, path: str) -> None:
+        """Horovod: start recording the timeline (rank 0 writes ``path``); needs HOROVOD_TIMELINE=DYNAMIC at init."""
+        self.hvd.start_timeline(path, mark_cycles=False)
+
+    def stop_timeline(self) -> None:
+        self.synchronize()  # the window's collectives are finished and recorded before it closes
+        self.hvd.stop_timeline()
 
     # --- steps -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -118,8 +147,22 @@ class Backend(abc.ABC):
 
     # --- collectives -----------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+        """The element-wise sum over ranks of a float64 vector; ``tag`` names the collective (same on every rank)."""
         ...
+
+    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+        """Scalar metrics (numbers or framework scalars) summed over ranks, in one collective."""
+        keys = sorted(metrics)
+        values = np.array([self.scalar(metrics[k]) for k in keys], dtype=np.float64)
+        return dict(zip(keys, self.allreduce_array(values, "metrics").tolist()))
+
+    def allgather_floats(self, values: List[float]) -> List[List[float]]:
+        """Every rank's ``values`` (the same length on each), in rank order: one allreduce of a zero-padded vector."""
+        n = len(values)
+        buf = np.zeros(self.size * n, dtype=np.float64)
+        buf[self.rank * n:(self.rank + 1) * n] = values
+        return self.allreduce_array(buf, "gather").reshape(self.size, n).tolist()
 
     def allreduce_mean(self, metrics: Dict[str, Any]) -> Dict[str, float]:
         summed = self.allreduce_sum(metrics)

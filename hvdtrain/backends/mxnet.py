@@ -50,6 +50,7 @@ def _flatten_state(state) -> List[Any]:
 
 class MXNetBackend(Backend):
     name = "mxnet"
+    asynchronous = True  # MXNet's engine queues every operation, also on CPU
 
     def __init__(self):
         # A fresh name for every collective hvdtrain issues: horovod.mxnet runs them asynchronously on MXNet's
@@ -178,6 +179,9 @@ class MXNetBackend(Backend):
             table.update(per_index)
         opt._set_current_context(device)
 
+    def synchronize(self) -> None:
+        self.mx.nd.waitall()
+
     def shutdown(self) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
             self.mx.nd.waitall()  # no Horovod op may still be queued on MXNet's engine when Horovod stops
@@ -196,8 +200,9 @@ class MXNetBackend(Backend):
 
     def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
         autograd = self.mx.autograd
-        total, samples = None, 0
+        total, samples, phases = None, 0, self.phases
         for x, y in micro_batches:
+            phases.enter("forward")
             if mix is not None:  # mixup with the batch in reverse order
                 x = mix * x + (1.0 - mix) * x.flip(axis=0)
             with autograd.record():
@@ -205,12 +210,18 @@ class MXNetBackend(Backend):
                 loss = self.loss_fn(logits, y)  # per-sample losses; backward sums their gradients
                 if mix is not None:
                     loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(axis=0))
+            phases.enter("backward")
             loss.backward()
             mean = loss.mean() / len(micro_batches)
             total = mean if total is None else total + mean
             samples += x.shape[0]
+        # Gluon's step() split in its two halves, so that each is a phase. Horovod: allreduce_grads() queues the
+        # allreduce of every gradient on MXNet's engine.
+        phases.enter("allreduce")
+        self.trainer.allreduce_grads()
+        phases.enter("step")
         # Gluon divides the summed gradients by `samples`: the mean over the whole (accumulated) batch.
-        self.trainer.step(samples)
+        self.trainer.update(samples)
         if self.accumulate > 1:
             for p in self.trainer._params:
                 p.zero_grad()
@@ -295,13 +306,13 @@ class MXNetBackend(Backend):
             it.reset()
 
     # --- collectives -----------------------------------------------------------------------------------------------
-    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
+    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
         nd = self.mx.nd
-        keys = sorted(metrics)
-        values = nd.array([self.scalar(metrics[k]) for k in keys], dtype="float64")
-        # Horovod: one collective for all metrics, so every rank reports the same numbers.
-        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name=f"hvdtrain.metrics.{self._op()}")
-        return dict(zip(keys, summed.asnumpy().tolist()))
+        # Horovod: one collective for the whole vector, so every rank gets the same numbers; a fresh name per call
+        # (MXNet's engine may hold several in flight).
+        summed = self.hvd.allreduce(nd.array(values, dtype="float64"), op=self.hvd.Sum,
+                                    name=f"hvdtrain.{tag}.{self._op()}")
+        return summed.asnumpy()
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
         nd, hvd = self.mx.nd, self.hvd

@@ -62,6 +62,7 @@ class TorchBackend(Backend):
             # Horovod: one GPU per process, chosen by local rank.
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
+            self.asynchronous = True
         else:
             self.device = torch.device("cpu")
         # Horovod: ranks on one host share its cores; all-cores-each oversubscribes them (horovod#2804).
@@ -93,6 +94,8 @@ class TorchBackend(Backend):
             backward_passes_per_step=cfg.accumulate,
             op=hvd.Adasum if cfg.adasum else hvd.Average,
             gradient_predivide_factor=cfg.predivide)
+        # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
+        self.adasum_step = cfg.adasum and self.size > 1
         if cfg.precision == "fp16":
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
@@ -151,6 +154,10 @@ class TorchBackend(Backend):
         if self.hvd is not None and self.hvd.is_initialized():
             self.hvd.shutdown()
 
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     # --- steps -----------------------------------------------------------------------------------------------------
     def _autocast(self):
         if self.amp_dtype is None:
@@ -161,7 +168,9 @@ class TorchBackend(Backend):
         self.model.train()
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
+        phases = self.phases
         for x, y in micro_batches:
+            phases.enter("forward")
             if mix is not None:  # mixup with the batch in reverse order
                 x = mix * x + (1.0 - mix) * x.flip(0)
             with self._autocast():
@@ -171,22 +180,27 @@ class TorchBackend(Backend):
                     loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(0))
                 # The mean over n micro-batches: accumulation equals one batch n times larger.
                 loss = loss / n
+            phases.enter("backward")
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:
                 loss.backward()
             total += loss.detach().float()
+        # Horovod: the allreduces started in backward's hooks; synchronize() waits for them (the allreduce phase),
+        # then the optimizer steps without a second synchronize. With fp16, unscaling comes between the two
+        # (horovod#1089, #3160); gradients are identical on every rank after the allreduce, so an inf/NaN makes every
+        # rank skip the step together.
+        phases.enter("allreduce")
+        self.optimizer.synchronize()
+        phases.enter("step")
         if self.scaler is not None:
-            # Horovod: finish the allreduce before unscaling, then step without a second synchronize
-            # (horovod#1089, #3160). Gradients are identical on every rank after the allreduce, so an inf/NaN
-            # makes every rank skip the step together.
-            self.optimizer.synchronize()
             self.scaler.unscale_(self.optimizer)
-            with self.optimizer.skip_synchronize():
+        with contextlib.nullcontext() if self.adasum_step else self.optimizer.skip_synchronize():
+            if self.scaler is not None:
                 self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         self.optimizer.zero_grad()
         return {"loss": total}
 
@@ -240,12 +254,11 @@ class TorchBackend(Backend):
         return map(self._to_device, loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
-    def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
-        keys = sorted(metrics)
-        values = torch.tensor([self.scalar(metrics[k]) for k in keys], dtype=torch.float64)
-        # Horovod: one fused collective for all metrics, so every rank reports the same numbers.
-        summed = self.hvd.allreduce(values, op=self.hvd.Sum, name="hvdtrain.metrics." + ".".join(keys))
-        return dict(zip(keys, summed.tolist()))
+    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+        # Horovod: one collective for the whole vector, so every rank gets the same numbers.
+        summed = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)),
+                                    op=self.hvd.Sum, name=f"hvdtrain.{tag}")
+        return summed.numpy()
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
         hvd = self.hvd

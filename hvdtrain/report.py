@@ -1,0 +1,188 @@
+"""``python -m hvdtrain report OUTPUT_DIR``: what a finished or running job did, from the files it wrote.
+
+Reads config.json, metrics.jsonl, heartbeats/, errors/, autotune.csv and timeline.json; prints the epochs, accuracy,
+throughput, where the step time goes and which rank is slow, and draws loss, accuracy and img/s per epoch
+(report.png). Needs no framework and no Horovod: it runs on a laptop over a copied output directory.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import time
+from typing import Any, Dict, List, Optional
+
+from .config import ConfigError
+from .faults import STALE_SECONDS, heartbeat_table, read_heartbeats
+from .phases import PHASES, format_phases, stragglers
+
+AUTOTUNE_FIELDS = ("hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce", "cache_enabled",
+                   "cycle_time_ms", "tensor_fusion_threshold", "score")
+
+
+def read_records(output_dir: str) -> List[Dict[str, Any]]:
+    """metrics.jsonl's records (a line being written while we read is skipped)."""
+    path = os.path.join(output_dir, "metrics.jsonl")
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    continue
+    return records
+
+
+def autotune_best(path: str) -> Optional[Dict[str, float]]:
+    """The best-scoring row of Horovod's autotune log (score: bytes per microsecond); None when it has no sample."""
+    if not os.path.exists(path):
+        return None
+    rows = []
+    with open(path) as f:
+        reader = csv.reader(f)
+        next(reader, None)
+        for row in reader:
+            try:
+                rows.append(dict(zip(AUTOTUNE_FIELDS, (float(v.strip()) for v in row))))
+            except ValueError:
+                continue
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: r["score"])
+    best["samples"] = len(rows)
+    return best
+
+
+def format_autotune(best: Optional[Dict[str, float]]) -> str:
+    if best is None:
+        return ("no sample scored yet (Horovod's autotuner warms up first; run more steps, or lower "
+                "HOROVOD_AUTOTUNE_WARMUP_SAMPLES / HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)")
+    return (f"fusion threshold {best['tensor_fusion_threshold']:g} MB, cycle time {best['cycle_time_ms']:g} ms, "
+            f"cache {'on' if best['cache_enabled'] else 'off'}, hierarchical allreduce "
+            f"{'on' if best['hierarchical_allreduce'] else 'off'} (score {best['score']:.4g} bytes/us, "
+            f"best of {int(best['samples'])} samples)")
+
+
+def job_state(output_dir: str) -> str:
+    """finished, failed, running or stopped, from the error files and heartbeats."""
+    errors_dir = os.path.join(output_dir, "errors")
+    if os.path.isdir(errors_dir) and os.listdir(errors_dir):
+        return "failed"
+    beats = read_heartbeats(os.path.join(output_dir, "heartbeats"))
+    if beats and all(b.get("phase") == "done" for b in beats):
+        return "finished"
+    if any(time.time() - b.get("time", 0) <= STALE_SECONDS for b in beats):
+        return "running"
+    return "stopped" if beats else "unknown"
+
+
+def render_text(output_dir: str) -> str:
+    if not os.path.isdir(output_dir):
+        raise ConfigError(f"report: {output_dir} is not a directory; pass a job's --output-dir")
+    records = read_records(output_dir)
+    config_path = os.path.join(output_dir, "config.json")
+    if not records and not os.path.exists(config_path):
+        raise ConfigError(f"report: {output_dir} holds no config.json or metrics.jsonl; pass a job's --output-dir")
+    cfg: Dict[str, Any] = {}
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            cfg = json.load(f)
+    state = job_state(output_dir)
+    lines = [f"hvdtrain report: {output_dir}"]
+    if cfg:
+        lines.append(f"  {cfg.get('recipe', '?')} on {cfg.get('framework', '?')}, {cfg.get('world_size', '?')} "
+                     f"worker(s) x {cfg.get('threads_per_rank', '?')} thread(s), global batch "
+                     f"{cfg.get('global_batch', '?')}, {cfg.get('steps_per_epoch', '?')} steps/epoch, "
+                     f"precision {cfg.get('precision', '?')}")
+    lines.append(f"  state: {state}; epochs done: {len(records)} of {cfg.get('epochs', '?')}")
+    if records:
+        last = records[-1]
+        accuracies = [(r["val_accuracy"], r["epoch"]) for r in records if r.get("val_accuracy") is not None]
+        if accuracies:
+            best = max(accuracies)
+            lines.append(f"  val accuracy: {100 * last['val_accuracy']:.2f}% after epoch {last['epoch']} "
+                         f"(best {100 * best[0]:.2f}% at epoch {best[1]})")
+        speeds = [r["images_per_sec"] for r in records[1:] or records]  # the first epoch includes warm-up
+        lines.append(f"  throughput: {statistics.median(speeds):.1f} img/s median over "
+                     f"{'epochs 2..' if len(records) > 1 else 'epoch '}{last['epoch']}"
+                     f" (world size {last.get('world_size', '?')})")
+        lines.append("")
+        lines.append(f"  {'epoch':>5} {'train_loss':>10} {'val_loss':>9} {'val_acc':>8} {'img/s':>10} "
+                     f"{'step ms':>8} {'lr':>9}")
+        for r in records:
+            val_loss = f"{r['val_loss']:.4f}" if r.get("val_loss") is not None else "-"
+            acc = f"{100 * r['val_accuracy']:.2f}%" if r.get("val_accuracy") is not None else "-"
+            step = f"{1000 * r['step_seconds']:.1f}" if r.get("step_seconds") is not None else "-"
+            lines.append(f"  {r['epoch']:>5} {r['train_loss']:>10.4f} {val_loss:>9} {acc:>8} "
+                         f"{r['images_per_sec']:>10.1f} {step:>8} {r['lr']:>9.4g}")
+        if last.get("phase_seconds"):
+            lines += ["", f"  where the step time goes (epoch {last['epoch']}, mean of ranks, clock: "
+                          f"{last.get('phase_clock', 'host')}):",
+                      f"    {format_phases(last['phase_seconds'])}",
+                      "    slowest rank per phase: " + ", ".join(
+                          f"{p} rank {last['phase_slowest'][p]['rank']} "
+                          f"({1000 * last['phase_slowest'][p]['seconds']:.1f}ms)" for p in PHASES
+                          if p in last.get("phase_slowest", {}))]
+            found = stragglers(last)
+            lines += [f"    straggler: {s}" for s in found] or ["    no straggler: every rank within 25% of the "
+                                                                  "mean in every compute phase"]
+    best = autotune_best(os.path.join(output_dir, "autotune.csv"))
+    if best is not None or os.path.exists(os.path.join(output_dir, "autotune.csv")):
+        lines += ["", f"  autotune: {format_autotune(best)}"]
+    if state in ("running", "stopped", "failed"):
+        lines += ["", heartbeat_table(output_dir, f"job {state}")]
+    errors_dir = os.path.join(output_dir, "errors")
+    if os.path.isdir(errors_dir):
+        for name in sorted(os.listdir(errors_dir)):
+            with open(os.path.join(errors_dir, name)) as f:
+                header = f.readline()
+            try:
+                info = json.loads(header)
+                lines.append(f"  error on rank {info['rank']} ({info['host']}): {info['error']}")
+            except (ValueError, KeyError):
+                continue
+    return "\n".join(lines)
+
+
+def plot(output_dir: str, path: str) -> Optional[str]:
+    """Loss, accuracy and img/s per epoch, one panel each; None when there is no epoch to draw."""
+    records = read_records(output_dir)
+    if not records:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    epochs = [r["epoch"] for r in records]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    axes[0].plot(epochs, [r["train_loss"] for r in records], marker="o", label="train")
+    if any(r.get("val_loss") is not None for r in records):
+        axes[0].plot(epochs, [r.get("val_loss") for r in records], marker="o", label="val")
+    axes[0].set(title="loss", xlabel="epoch")
+    axes[0].legend()
+    if any(r.get("val_accuracy") is not None for r in records):
+        axes[1].plot(epochs, [100 * r["val_accuracy"] if r.get("val_accuracy") is not None else None
+                              for r in records], marker="o", color="tab:green")
+    axes[1].set(title="validation accuracy (%)", xlabel="epoch")
+    axes[2].bar(epochs, [r["images_per_sec"] for r in records], color="tab:blue")
+    axes[2].set(title="throughput (img/s, all workers)", xlabel="epoch")
+    fig.suptitle(os.path.basename(os.path.abspath(output_dir)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain report",
+                                     description="Summarize a job's output directory (finished or running).")
+    parser.add_argument("output_dir", help="the job's --output-dir")
+    parser.add_argument("--png", default="", help="where to draw the chart (default OUTPUT_DIR/report.png)")
+    args = parser.parse_args(argv)
+    print(render_text(args.output_dir))
+    png = plot(args.output_dir, args.png or os.path.join(args.output_dir, "report.png"))
+    if png:
+        print(f"\n  chart: {png}")
+    return 0
