@@ -51,6 +51,15 @@ class RankReporter:
         self._thread: Optional[threading.Thread] = None
         self._stall_after = 0.0
         self._wakeup: Optional[socket.socket] = None
+        self.host = host_label()
+        # A port that only answers "this rank's host is up and reachable": after a collective failure the other
+        # ranks probe it to tell a host cut off from the network from a rank that failed.
+        self._probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._probe.bind(("", 0))
+        self._probe.listen(64)
+        self._probe.setblocking(False)
+        self.probe_port = self._probe.getsockname()[1]
+        self.addresses = own_addresses()
         for path in (self.error_path, self.beat_path):  # a new run: no stale reports of this rank
             if os.path.exists(path):
                 os.unlink(path)
@@ -95,14 +104,15 @@ class RankReporter:
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval)
             self._write_beat()
+        self._probe.close()
 
     def _write_beat(self) -> None:
         tmp = f"{self.beat_path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w") as f:
                 json.dump({"rank": self.rank, "step": self.step, "phase": self.phase, "time": time.time(),
-                           "in_phase": time.monotonic() - self.since, "pid": os.getpid(),
-                           "host": socket.gethostname()}, f)
+                           "in_phase": time.monotonic() - self.since, "pid": os.getpid(), "host": self.host,
+                           "addresses": self.addresses, "probe_port": self.probe_port}, f)
             os.replace(tmp, self.beat_path)
         except OSError:
             pass  # diagnostics must never fail training
@@ -125,23 +135,29 @@ class RankReporter:
                           file=sys.stderr, flush=True)
 
     def _wait_for_signal(self) -> bool:
-        """Wait one heartbeat interval; True when SIGUSR1 arrived meanwhile."""
-        if self._wakeup is None:
-            self._stop.wait(self.interval)
-            return False
-        ready, _, _ = select.select([self._wakeup], [], [], self.interval)
-        if not ready:
-            return False
-        try:
-            data = self._wakeup.recv(64)
-        except OSError:
-            return False
-        return signal.SIGUSR1 in data
+        """Wait one heartbeat interval, answering probes; True when SIGUSR1 arrived meanwhile."""
+        deadline = time.monotonic() + self.interval
+        signalled = False
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            watched = [self._probe] + ([self._wakeup] if self._wakeup is not None else [])
+            ready, _, _ = select.select(watched, [], [], left)
+            for sock in ready:
+                try:
+                    if sock is self._probe:
+                        sock.accept()[0].close()
+                    else:
+                        signalled = signalled or signal.SIGUSR1 in sock.recv(64)
+                except OSError:
+                    pass
+        return signalled
 
     def record_error(self, exc: BaseException) -> str:
         os.makedirs(self.error_dir, exist_ok=True)
         body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        header = {"rank": self.rank, "time": time.time(), "host": socket.gethostname(), "pid": os.getpid(),
+        header = {"rank": self.rank, "time": time.time(), "host": self.host, "pid": os.getpid(),
                   "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:500],
                   "collective": is_collective_failure(exc)}
         with open(self.error_path, "w") as f:
@@ -174,6 +190,46 @@ def read_heartbeats(beat_dir: str) -> List[dict]:
                 except (OSError, ValueError):
                     continue
     return sorted(out, key=lambda b: b.get("rank", 0))
+
+
+def host_label() -> str:
+    """The name of this rank's host as the user gave it to the launcher (horovodrun -H), else its hostname."""
+    return os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+
+
+def own_addresses() -> List[str]:
+    """This host's IPv4 addresses where the other ranks can reach it: those of Horovod's interface when the launcher
+    chose one (HOROVOD_GLOO_IFACE), else every address but loopback."""
+    try:
+        import psutil
+        nics = psutil.net_if_addrs()
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return []
+    iface = os.environ.get("HOROVOD_GLOO_IFACE")
+    names = [iface] if iface in nics else list(nics)
+    return [a.address for n in names for a in nics[n]
+            if a.family == socket.AF_INET and not a.address.startswith("127.")]
+
+
+def unreachable(beats: List[dict], rank: int, timeout: float = 2.0) -> List[dict]:
+    """The heartbeats of the other ranks whose host answers on none of their addresses: down, or cut off from this
+    one. A refused connection means the host is up (the rank's process is gone) and does not count; a stopped
+    process still answers (the kernel accepts for it)."""
+    out = []
+    for b in beats:
+        if b.get("rank") == rank or not b.get("addresses") or not b.get("probe_port"):
+            continue
+        for addr in b["addresses"]:
+            try:
+                socket.create_connection((addr, b["probe_port"]), timeout=timeout).close()
+                break
+            except ConnectionRefusedError:
+                break
+            except OSError:  # timed out, no route to host, network unreachable
+                continue
+        else:
+            out.append(b)
+    return out
 
 
 STALE_SECONDS = 5.0
@@ -238,7 +294,13 @@ def explain_failure(output_dir: str, rank: int, wait: float = 3.0) -> Optional[s
     now = time.time()
     table = "; ".join(f"rank {b['rank']}: step {b['step']} ({b['phase']}), seen {now - b['time']:.0f}s ago"
                       for b in beats)
-    stale = [b for b in beats if now - b["time"] > 5.0]
+    cut_off = unreachable(beats, rank)
+    if cut_off:
+        me = next((b for b in beats if b.get("rank") == rank), {})
+        names = ", ".join(f"rank {b['rank']} on {b['host']} ({', '.join(b['addresses'])})" for b in cut_off)
+        return (f"cannot reach {names} from rank {rank}" + (f" on {me['host']}" if me.get("host") else "")
+                + f": that host is down or cut off from the network [{table}]")
+    stale = [b for b in beats if now - b["time"] > STALE_SECONDS]
     if stale:
         b = min(stale, key=lambda b: b["time"])
         return (f"rank {b['rank']} ({b['host']}, pid {b['pid']}) stopped responding at step {b['step']} "

@@ -1,0 +1,205 @@
+"""Several hosts for real: two network namespaces joined by a bridge, each with its own sshd and address
+(scripts/netns_cluster.sh). Jobs are launched over ssh by horovodrun (Gloo) and by mpirun, from inside host0, as a
+user would from a login node; results must equal a localhost run of the same command.
+"""
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from tests.e2e.conftest import read_metrics
+from tests.helpers import BIN, PY, ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
+
+CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
+TINY = "tests.tiny_recipe:TinyTrainer"
+TRAIN = ("--epochs", "3", "--threads", "1")  # one thread per rank: the two "hosts" share this machine's cores
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"ip netns is unavailable here: {probe.stderr.strip()}"
+    return ""
+
+
+@dataclass
+class Cluster:
+    dir: str
+    prefix: str
+    hosts: dict  # name -> address
+
+    def env(self) -> dict:
+        return {"PATH": f"{self.dir}/bin{os.pathsep}{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def command(self, *cmd) -> list:
+        """``cmd`` run inside host0's network namespace."""
+        return ["bash", CLUSTER, "run", self.dir, "host0", *cmd]
+
+    def launch(self, *cmd, timeout: float = 240):
+        return run(self.command(*cmd), timeout=timeout, **self.env())
+
+    def mpirun(self, np: int, hosts: list, *cmd) -> list:
+        return ["mpirun", "-np", str(np), *hosts, "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1",
+                "-mca", "btl", "^openib", "-mca", "plm_rsh_agent", f"{self.dir}/bin/ssh",
+                "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",
+                "-x", "PATH", "-x", "PYTHONPATH", *cmd]
+
+    def python_processes(self, host: str) -> list:
+        ns = f"{self.prefix}h{host[len('host'):]}"
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        out = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"hvdtrain" in f.read():
+                        out.append(pid)
+            except OSError:
+                continue
+        return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    state = str(tmp_path_factory.mktemp("cluster"))
+    up = subprocess.run(["bash", CLUSTER, "up", state, "2"], capture_output=True, text=True, timeout=600)
+    try:
+        if up.returncode != 0 and "needs" in up.stderr:
+            pytest.skip(up.stderr.strip())
+        assert up.returncode == 0, up.stdout + up.stderr
+        with open(os.path.join(state, "env")) as f:
+            prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
+        with open(os.path.join(state, "hosts")) as f:
+            hosts = dict(line.split() for line in f if line.strip())
+        yield Cluster(state, prefix, hosts)
+    finally:
+        subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
+
+
+_references = {}
+
+
+def localhost_reference(framework: str, tmp_path_factory) -> list:
+    """The same tiny job on localhost, once per framework."""
+    if framework not in _references:
+        out = str(tmp_path_factory.mktemp(f"local-{framework}"))
+        r = run(horovodrun(2, *hvdtrain("recipe", TINY, "--framework", framework, *TRAIN, "--output-dir", out)),
+                timeout=180)
+        assert r.returncode == 0, describe(r)
+        _references[framework] = read_metrics(out)
+    return _references[framework]
+
+
+def assert_same_training(records: list, reference: list) -> None:
+    assert [r["epoch"] for r in records] == [r["epoch"] for r in reference]
+    for got, want in zip(records, reference):
+        assert got["world_size"] == 2
+        assert got["val_accuracy"] == want["val_accuracy"], (got, want)
+        assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-5), (got, want)
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_horovodrun_over_ssh_trains_as_on_localhost(cluster, tmp_path, tmp_path_factory, framework):
+    out = str(tmp_path / "out")
+    r = cluster.launch(os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "host0:1,host1:1", "--gloo",
+                       "--network-interfaces", "eth0",
+                       *hvdtrain("recipe", TINY, "--framework", framework, *TRAIN, "--output-dir", out))
+    assert r.returncode == 0, describe(r)
+    assert_same_training(read_metrics(out), localhost_reference(framework, tmp_path_factory))
+    beats = {}
+    for rank in (0, 1):
+        with open(os.path.join(out, "heartbeats", f"rank-{rank}.json")) as f:
+            beats[rank] = json.load(f)
+    # Each rank ran on its own host, and only the interface given to --network-interfaces carries its address.
+    assert [beats[0]["host"], beats[1]["host"]] == ["host0", "host1"]
+    assert [beats[0]["addresses"], beats[1]["addresses"]] == [[cluster.hosts["host0"]], [cluster.hosts["host1"]]]
+
+
+def test_mnist_recipe_over_ssh(cluster, tmp_path, digits):
+    """The MNIST recipe, one rank per host: the same losses and accuracy as the same command on localhost."""
+    args = ("recipe", "mnist", "--framework", "torch", "--epochs", "2", "--threads", "1", "--data-dir", digits)
+    r = cluster.launch(os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "host0:1,host1:1", "--gloo",
+                       *hvdtrain(*args, "--output-dir", str(tmp_path / "hosts")))
+    assert r.returncode == 0, describe(r)
+    local = run(horovodrun(2, *hvdtrain(*args, "--output-dir", str(tmp_path / "local"))), timeout=240)
+    assert local.returncode == 0, describe(local)
+    assert_same_training(read_metrics(str(tmp_path / "hosts")), read_metrics(str(tmp_path / "local")))
+
+
+@pytest.mark.parametrize("framework,hostfile", [("torch", False), ("mxnet", True)])
+def test_mpirun_across_hosts(cluster, tmp_path, tmp_path_factory, framework, hostfile):
+    out = str(tmp_path / "out")
+    hosts = ["--hostfile", os.path.join(cluster.dir, "hostfile")] if hostfile else ["-H", "host0:1,host1:1"]
+    r = cluster.launch(*cluster.mpirun(2, hosts, *hvdtrain("recipe", TINY, "--framework", framework, *TRAIN,
+                                                            "--output-dir", out)))
+    assert r.returncode == 0, describe(r)
+    assert_same_training(read_metrics(out), localhost_reference(framework, tmp_path_factory))
+
+
+LAYOUT = ("import json, os, horovod.torch as hvd; hvd.init(); "
+          "print('LAYOUT ' + json.dumps(dict(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(), "
+          "local_size=hvd.local_size(), cross_rank=hvd.cross_rank(), cross_size=hvd.cross_size(), "
+          "host=os.environ.get('HOROVOD_HOSTNAME'), iface=os.environ.get('HOROVOD_GLOO_IFACE'))), flush=True)")
+
+
+def test_two_hosts_with_two_slots_each_number_their_ranks(cluster):
+    r = cluster.launch(os.path.join(BIN, "horovodrun"), "-np", "4", "-H", "host0:2,host1:2", "--gloo",
+                       "--network-interfaces", "eth0", PY, "-c", LAYOUT)
+    assert r.returncode == 0, describe(r)
+    layout = [json.loads(line.split("LAYOUT ", 1)[1]) for line in r.stdout.splitlines() if "LAYOUT " in line]
+    assert sorted(p["rank"] for p in layout) == [0, 1, 2, 3]
+    for p in layout:
+        host = p["rank"] // 2  # horovodrun fills host0's slots first
+        assert p["host"] == f"host{host}" and p["iface"] == "eth0", p
+        assert (p["size"], p["local_size"], p["cross_size"]) == (4, 2, 2), p
+        assert (p["local_rank"], p["cross_rank"]) == (p["rank"] % 2, host), p
+
+
+def test_a_host_cut_off_mid_run_fails_fast_and_is_named(cluster, tmp_path):
+    out = tmp_path / "out"
+    stall = 15
+    cmd = cluster.command(os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "host0:1,host1:1", "--gloo",
+                          *hvdtrain("recipe", TINY, "--epochs", "500", "--threads", "1", "--step-sleep", "0.05",
+                                    "--stall-timeout", str(stall), "--output-dir", str(out)))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**cluster.env()), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    link = f"{cluster.prefix}v1"
+    try:
+        beat = out / "heartbeats" / "rank-1.json"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # training is under way on both hosts
+            try:
+                if json.loads(beat.read_text())["step"] >= 8:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the job never got going")
+        subprocess.run(["ip", "link", "set", link, "down"], check=True)
+        cut = time.monotonic()
+        output, _ = proc.communicate(timeout=stall + 60)
+        took = time.monotonic() - cut
+    except (subprocess.TimeoutExpired, AssertionError):
+        kill_tree(proc)
+        raise
+    finally:
+        subprocess.run(["ip", "link", "set", link, "up"])
+    assert proc.returncode != 0, output[-4000:]
+    assert took < stall + 30, f"took {took:.0f}s to fail"
+    assert f"cannot reach rank 1 on host1 ({cluster.hosts['host1']}) from rank 0 on host0" in output, output[-4000:]
+    # The worker on the cut-off host ends by itself (its own collective timeout): nothing is left running there.
+    deadline = time.monotonic() + stall + 15
+    while cluster.python_processes("host1") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not cluster.python_processes("host1")
