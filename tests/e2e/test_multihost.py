@@ -127,7 +127,7 @@ def test_horovodrun_over_ssh_trains_as_on_localhost(cluster, tmp_path, tmp_path_
 
 def test_mnist_recipe_over_ssh(cluster, tmp_path, digits):
     """The MNIST recipe, one rank per host: the same losses and accuracy as the same command on localhost."""
-    args = ("recipe", "mnist", "--framework", "torch", "--epochs", "2", "--threads", "1", "--data-dir", digits)
+    args = ("recipe", "mnist", "--framework", "torch", "--epochs", "1", "--threads", "1", "--data-dir", digits)
     r = cluster.launch(os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "host0:1,host1:1", "--gloo",
                        *hvdtrain(*args, "--output-dir", str(tmp_path / "hosts")))
     assert r.returncode == 0, describe(r)
@@ -136,14 +136,32 @@ def test_mnist_recipe_over_ssh(cluster, tmp_path, digits):
     assert_same_training(read_metrics(str(tmp_path / "hosts")), read_metrics(str(tmp_path / "local")))
 
 
-@pytest.mark.parametrize("framework,hostfile", [("torch", False), ("mxnet", True)])
-def test_mpirun_across_hosts(cluster, tmp_path, tmp_path_factory, framework, hostfile):
+def test_mpirun_across_hosts(cluster, tmp_path, tmp_path_factory):
+    """The PyTorch article's mpirun command, across the two hosts."""
     out = str(tmp_path / "out")
-    hosts = ["--hostfile", os.path.join(cluster.dir, "hostfile")] if hostfile else ["-H", "host0:1,host1:1"]
-    r = cluster.launch(*cluster.mpirun(2, hosts, *hvdtrain("recipe", TINY, "--framework", framework, *TRAIN,
-                                                            "--output-dir", out)))
+    r = cluster.launch(*cluster.mpirun(2, ["-H", "host0:1,host1:1"], *hvdtrain("recipe", TINY, "--framework", "torch",
+                                                                                *TRAIN, "--output-dir", out)))
     assert r.returncode == 0, describe(r)
-    assert_same_training(read_metrics(out), localhost_reference(framework, tmp_path_factory))
+    assert_same_training(read_metrics(out), localhost_reference("torch", tmp_path_factory))
+
+
+def test_mpirun_script_with_a_hostfile(cluster, tmp_path, tmp_path_factory):
+    """scripts/cluster/mpirun.sh, as a user runs it: a hostfile, the interface, and the recipe's flags."""
+    out = str(tmp_path / "out")
+    r = run(cluster.command("bash", os.path.join(ROOT, "scripts", "cluster", "mpirun.sh"),
+                            os.path.join(cluster.dir, "hostfile"), "2", TINY, "--framework", "mxnet", *TRAIN,
+                            "--output-dir", out),
+            timeout=240, IFACE="eth0", PYTHON=PY, MPIRUN_EXTRA=f"-mca plm_rsh_agent {cluster.dir}/bin/ssh",
+            **cluster.env())
+    assert r.returncode == 0, describe(r)
+    assert_same_training(read_metrics(out), localhost_reference("mxnet", tmp_path_factory))
+
+
+def test_doctor_on_every_host(cluster):
+    r = cluster.launch("bash", os.path.join(ROOT, "scripts", "cluster", "doctor_all_hosts.sh"),
+                       os.path.join(cluster.dir, "hostfile"))
+    assert r.returncode == 0, describe(r)
+    assert "host0: ok" in r.stdout and "host1: ok" in r.stdout and "every host passed" in r.stdout
 
 
 LAYOUT = ("import json, os, horovod.torch as hvd; hvd.init(); "
