@@ -57,10 +57,15 @@ imagenet-synthetic: install
 			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
 	done
 
-# Scaling sweep (np = 1..NP) of the MNIST recipe on synthetic data, both frameworks: runs/bench/*/scaling.{json,png}
+# Side-by-side benchmarks of the MNIST recipe on synthetic data (about 10 minutes on 2 cores), in runs/bench/:
+# scaling sweep (np = 1..NP) on both frameworks, hvdtrain against a bare Horovod loop on both, Horovod against DDP.
+BENCH_STEPS ?= 200
 bench: install
 	$(PY) -m hvdtrain bench scaling --recipe mnist --framework torch --max-np $(NP) --output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench scaling --recipe mnist --framework mxnet --max-np $(NP) --output-dir runs/bench/mnist-mxnet
+	$(PY) -m hvdtrain bench overhead --recipe mnist --framework torch --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
+	$(PY) -m hvdtrain bench overhead --recipe mnist --framework mxnet --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
+	$(PY) -m hvdtrain bench ddp --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
 
 test: install
 	$(PY) -m pytest -q

@@ -1,4 +1,6 @@
-"""``python -m hvdtrain bench scaling``: throughput of a recipe at np = 1, 2, ..., measured side by side.
+"""``python -m hvdtrain bench scaling|overhead|ddp``: throughput measured side by side.
+
+``scaling``: throughput of a recipe at np = 1, 2, ....
 
 Each round launches the recipe once per world size, in interleaved order (np=1, np=2, ..., then again), so that
 drift of a shared machine spreads over all sizes alike; the report gives the median and the spread of the rounds.
@@ -6,6 +8,12 @@ Every rank gets the same number of CPU threads at every size (cores / max np), s
 per rank and the comparison measures scaling, not thread counts. Scaling efficiency = img/s(np) / (np x img/s(1)),
 the figure both source articles report. Writes ``scaling.json`` and ``scaling.png`` (bars: img/s per np; line:
 efficiency against the ideal 100%).
+
+``overhead``: the hvdtrain Trainer against a hand-written Horovod loop (:mod:`hvdtrain.bench_loops`) with the same
+model, batch, optimizer and threads, at np = 1..N; the figure is step time hvdtrain / step time bare (target <= 1.03).
+``ddp``: the bare Horovod loop under ``horovodrun --gloo`` against PyTorch's DistributedDataParallel under ``torchrun``
+with the gloo backend (and hvdtrain beside them); the figure is throughput Horovod / DDP. Every comparison interleaves
+its variants within each round (A B C, then C B A) and reports median, min and max per variant.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from .config import ConfigError
 
@@ -43,13 +51,119 @@ def _run_once(recipe: str, framework: str, np_: int, threads: int, steps: int, e
             return float(json.loads(f.readlines()[-1])["images_per_sec"])
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_size: int, timeout: float) -> float:
+    """Global img/s of one run of a bare loop (hvdtrain.bench_loops) on ``np_`` local workers."""
+    binary = os.path.dirname(sys.executable)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        args = ["--recipe", recipe, "--steps", str(steps), "--batch-size", str(batch_size), "--threads", str(threads),
+                "--result", result]
+        if loop == "ddp-torch":
+            cmd = [os.path.join(binary, "torchrun"), "--nproc_per_node", str(np_), "--master_addr", "127.0.0.1",
+                   "--master_port", str(_free_port()), "-m", "hvdtrain.bench_loops", loop, *args]
+        else:
+            cmd = [os.path.join(binary, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+                   sys.executable, "-m", "hvdtrain.bench_loops", loop, *args]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                                  env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"bench: {loop} np={np_} did not finish within {timeout:.0f}s") from None
+        if proc.returncode != 0 or not os.path.exists(result):
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            raise RuntimeError(f"bench: {loop} np={np_} failed (exit {proc.returncode}): " + " | ".join(lines[-3:]))
+        with open(result) as f:
+            return float(json.load(f)["images_per_sec"])
+
+
+def compare(variants: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, Dict]:
+    """Each variant once per round, in alternating order; median, min, max and samples of its img/s."""
+    names = list(variants)
+    samples: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(variants[name]())
+            print(f"bench: round {r + 1}/{rounds} {name}: {samples[name][-1]:.1f} img/s", flush=True)
+    return {n: {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s}
+            for n, s in samples.items()}
+
+
+def overhead(recipe: str, framework: str, max_np: int, rounds: int, steps: int, batch_size: int,
+             timeout: float = 600) -> Dict:
+    """hvdtrain against the bare Horovod loop of the same framework, at np = 1..max_np."""
+    threads = max(1, _cores() // max_np)
+    extra = ["--synthetic", "--batch-size", str(batch_size)]
+    rows = []
+    for n in range(1, max_np + 1):
+        res = compare({
+            "hvdtrain": lambda n=n: _run_once(recipe, framework, n, threads, steps, extra, timeout),
+            "bare": lambda n=n: _run_loop(f"horovod-{framework}", recipe, n, threads, steps, batch_size, timeout),
+        }, rounds)
+        ratio = res["bare"]["images_per_sec"] / res["hvdtrain"]["images_per_sec"]
+        rows.append({"np": n, "variants": res, "step_time_ratio": ratio, "within_target": ratio <= 1.03})
+    return {"benchmark": "overhead", "recipe": recipe, "framework": framework, "threads_per_rank": threads,
+            "cores": _cores(), "rounds": rounds, "steps": steps, "batch_size": batch_size, "target": 1.03,
+            "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
+    """Horovod (bare loop, Gloo) against PyTorch DDP (gloo), with hvdtrain beside them, at ``np_`` workers."""
+    threads = max(1, _cores() // np_)
+    extra = ["--synthetic", "--batch-size", str(batch_size)]
+    res = compare({
+        "horovod": lambda: _run_loop("horovod-torch", recipe, np_, threads, steps, batch_size, timeout),
+        "ddp": lambda: _run_loop("ddp-torch", recipe, np_, threads, steps, batch_size, timeout),
+        "hvdtrain": lambda: _run_once(recipe, "torch", np_, threads, steps, extra, timeout),
+    }, rounds)
+    return {"benchmark": "ddp", "recipe": recipe, "framework": "torch", "np": np_, "threads_per_rank": threads,
+            "cores": _cores(), "rounds": rounds, "steps": steps, "batch_size": batch_size, "variants": res,
+            "horovod_over_ddp": res["horovod"]["images_per_sec"] / res["ddp"]["images_per_sec"],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def plot_compare(groups: Dict[str, Dict[str, Dict]], title: str, path: str) -> None:
+    """Grouped bars (median img/s, min-max whiskers): one group per key of ``groups``, one bar per variant."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(next(iter(groups.values())))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, name in enumerate(names):
+        xs = [g + i * width for g in range(len(groups))]
+        rows = [groups[k][name] for k in groups]
+        ax.bar(xs, [r["images_per_sec"] for r in rows], width, label=name,
+               yerr=[[r["images_per_sec"] - r["min"] for r in rows], [r["max"] - r["images_per_sec"] for r in rows]],
+               capsize=3)
+    ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(list(groups))
+    ax.set_ylabel("images / s (global, median)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def scaling(recipe: str, framework: str, max_np: int, rounds: int, steps: int, extra: List[str],
             timeout: float = 600) -> Dict:
     """Interleaved rounds over np = 1..max_np; median, spread and efficiency per np."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
+    cores = _cores()
     threads = max(1, cores // max_np)
     sizes = list(range(1, max_np + 1))
     samples: Dict[int, List[float]] = {n: [] for n in sizes}
@@ -105,7 +219,23 @@ def main(argv: List[str]) -> int:
     sc.add_argument("--real-data", action="store_true", help="the recipe's data instead of --synthetic")
     sc.add_argument("--output-dir", default="runs/bench")
     sc.add_argument("recipe_args", nargs=argparse.REMAINDER, help="after --: more options for the recipe")
+    ov = sub.add_parser("overhead", help="the hvdtrain Trainer against a bare Horovod loop, np = 1..N")
+    ov.add_argument("--recipe", default="mnist")
+    ov.add_argument("--framework", default="torch", choices=["torch", "mxnet"])
+    ov.add_argument("--max-np", type=int, default=2)
+    dd = sub.add_parser("ddp", help="Horovod against PyTorch DistributedDataParallel (both on Gloo)")
+    dd.add_argument("--recipe", default="mnist")
+    dd.add_argument("--np", type=int, default=2)
+    for p in (ov, dd):
+        p.add_argument("--rounds", type=int, default=3)
+        p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+        p.add_argument("--batch-size", type=int, default=32, help="per worker")
+        p.add_argument("--output-dir", default="runs/bench")
     args = parser.parse_args(argv)
+    if args.what == "overhead":
+        return _main_overhead(args)
+    if args.what == "ddp":
+        return _main_ddp(args)
     if args.max_np < 1 or args.rounds < 1 or args.steps < 1:
         raise ConfigError("--max-np, --rounds and --steps must be at least 1")
     extra = [a for a in args.recipe_args if a != "--"] + ([] if args.real_data else ["--synthetic"])
@@ -118,4 +248,43 @@ def main(argv: List[str]) -> int:
         print(f"np={r['np']}: {r['images_per_sec']:.1f} img/s (min {r['min']:.1f}, max {r['max']:.1f}), "
               f"{r['per_worker']:.1f} per worker, efficiency {100 * r['efficiency']:.1f}%")
     print(f"bench: wrote {args.output_dir}/scaling.json and scaling.png")
+    return 0
+
+
+def _check_sizes(**sizes: int) -> None:
+    bad = [k for k, v in sizes.items() if v < 1]
+    if bad:
+        raise ConfigError(", ".join("--" + k.replace("_", "-") for k in bad) + " must be at least 1")
+
+
+def _main_overhead(args) -> int:
+    _check_sizes(max_np=args.max_np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
+    result = overhead(args.recipe, args.framework, args.max_np, args.rounds, args.steps, args.batch_size)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "overhead.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_compare({f"np={r['np']}": r["variants"] for r in result["rows"]},
+                 f"{args.recipe} on {args.framework}: hvdtrain vs a bare Horovod loop",
+                 os.path.join(args.output_dir, "overhead.png"))
+    for r in result["rows"]:
+        v = r["variants"]
+        print(f"np={r['np']}: hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s, bare "
+              f"{v['bare']['images_per_sec']:.1f} img/s; step time hvdtrain/bare {r['step_time_ratio']:.3f} "
+              f"({'within' if r['within_target'] else 'over'} the 1.03 target)")
+    print(f"bench: wrote {args.output_dir}/overhead.json and overhead.png")
+    return 0
+
+
+def _main_ddp(args) -> int:
+    _check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
+    result = ddp(args.recipe, args.np, args.rounds, args.steps, args.batch_size)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "ddp.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_compare({f"np={args.np}": result["variants"]}, f"{args.recipe}: Horovod vs PyTorch DDP (gloo)",
+                 os.path.join(args.output_dir, "ddp.png"))
+    v = result["variants"]
+    print(f"np={args.np}: Horovod {v['horovod']['images_per_sec']:.1f} img/s, DDP {v['ddp']['images_per_sec']:.1f} "
+          f"img/s, hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s; Horovod/DDP {result['horovod_over_ddp']:.3f}")
+    print(f"bench: wrote {args.output_dir}/ddp.json and ddp.png")
     return 0

@@ -104,7 +104,7 @@ COMPUTE_PHASES = ("data", "forward", "backward", "step", "other")
 the fastest rank, so it names no straggler."""
 
 
-def stragglers(record: Dict[str, object], ratio: float = 1.25, share: float = 0.05) -> List[str]:
+def stragglers(record: Dict[str, object], ratio: float = 1.25, share: float = 0.10) -> List[str]:
     """Lines naming each rank that is slower than the mean of the ranks in a compute phase by ``ratio``, where the
     difference is at least ``share`` of the step time."""
     out = []

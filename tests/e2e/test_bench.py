@@ -25,3 +25,33 @@ def test_failing_benchmark_run_is_one_line(tmp_path):
                           "--output-dir", str(tmp_path)), timeout=120)
     assert result.returncode == 1
     assert "bench: np=1 failed (exit" in result.stderr and "unknown recipe 'nosuch'" in result.stderr
+
+
+def _png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overhead_benchmark_against_the_bare_mxnet_loop(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "overhead", "--recipe", "mnist", "--framework", "mxnet", "--max-np", "1",
+                          "--rounds", "1", "--steps", "3", "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "overhead.json").read_text())
+    assert data["benchmark"] == "overhead" and data["framework"] == "mxnet" and data["target"] == 1.03
+    (row,) = data["rows"]
+    assert set(row["variants"]) == {"hvdtrain", "bare"}
+    assert row["step_time_ratio"] == row["variants"]["bare"]["images_per_sec"] / row["variants"]["hvdtrain"]["images_per_sec"]
+    assert isinstance(row["within_target"], bool)
+    assert _png(out / "overhead.png")
+
+
+def test_ddp_benchmark_runs_horovod_ddp_and_hvdtrain(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "ddp", "--recipe", "mnist", "--np", "2", "--rounds", "1", "--steps", "3",
+                          "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "ddp.json").read_text())
+    assert data["benchmark"] == "ddp" and data["np"] == 2
+    assert set(data["variants"]) == {"horovod", "ddp", "hvdtrain"}
+    assert all(v["images_per_sec"] > 0 and len(v["samples"]) == 1 for v in data["variants"].values())
+    assert _png(out / "ddp.png")

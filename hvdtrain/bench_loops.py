@@ -1,0 +1,142 @@
+"""Hand-written training loops that hvdtrain is measured against (``python -m hvdtrain bench overhead|ddp``).
+
+Each is the loop a user would write without hvdtrain, as short as Horovod's and PyTorch's own examples: the same model
+(the recipe's builder), the same fixed synthetic batch, optimizer and threads as ``hvdtrain recipe R --synthetic``,
+and nothing else. Run under a launcher:
+
+    horovodrun -np 2 python -m hvdtrain.bench_loops horovod-torch --recipe mnist --steps 60 --result r.json
+    horovodrun -np 2 python -m hvdtrain.bench_loops horovod-mxnet --recipe mnist --steps 60 --result r.json
+    torchrun --nproc_per_node 2 -m hvdtrain.bench_loops ddp-torch --recipe mnist --steps 60 --result r.json
+
+Throughput is timed like the Trainer's epoch: from the first step to the last, every step reading its loss back
+(as a loop that logs does). Rank 0 writes ``{"images_per_sec": global img/s, ...}`` to ``--result``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def _recipe(name: str, framework: str, batch_size: int, threads: int):
+    from . import registry
+    cls = registry.load(name)
+    return cls(cls.config_class(framework=framework, batch_size=batch_size, threads=threads, synthetic=True,
+                                output_dir=os.devnull))
+
+
+def horovod_torch(args) -> dict:
+    import torch
+    import torch.nn.functional as F
+    import horovod.torch as hvd
+    hvd.init()
+    torch.set_num_threads(args.threads)
+    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
+    cfg = trainer.cfg
+    torch.manual_seed(cfg.seed)
+    model = trainer.build_torch()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * hvd.size(), momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    x = torch.randn((args.batch_size,) + tuple(trainer.input_shape))
+    y = torch.randint(0, trainer.num_classes, (args.batch_size,))
+    model.train()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    seconds = time.perf_counter() - start
+    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": seconds}
+
+
+def horovod_mxnet(args) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import mxnet as mx
+    import horovod.mxnet as hvd
+    hvd.init()
+    trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads)
+    cfg = trainer.cfg
+    mx.random.seed(cfg.seed)
+    ctx = mx.cpu()
+    net = trainer.build_mxnet()
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    x = mx.nd.random.normal(shape=(args.batch_size,) + tuple(trainer.input_shape), ctx=ctx)
+    y = mx.nd.array(mx.nd.random.randint(0, trainer.num_classes, shape=(args.batch_size,)).asnumpy(), ctx=ctx)
+    with mx.autograd.record():
+        net(x)  # resolve deferred shapes before the broadcast
+    params = net.collect_params()
+    hvd.broadcast_parameters(params, root_rank=0)
+    net.hybridize()
+    opt = hvd.DistributedTrainer(params, "sgd", {"learning_rate": cfg.base_lr * hvd.size(), "momentum": cfg.momentum,
+                                                 "wd": cfg.weight_decay})
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        with mx.autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step(args.batch_size)
+        loss.mean().asscalar()
+    mx.nd.waitall()
+    seconds = time.perf_counter() - start
+    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": seconds}
+
+
+def ddp_torch(args) -> dict:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    dist.init_process_group("gloo")
+    torch.set_num_threads(args.threads)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
+    cfg = trainer.cfg
+    torch.manual_seed(cfg.seed)
+    model = torch.nn.parallel.DistributedDataParallel(trainer.build_torch())  # broadcasts rank 0's parameters
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * size, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    x = torch.randn((args.batch_size,) + tuple(trainer.input_shape))
+    y = torch.randint(0, trainer.num_classes, (args.batch_size,))
+    model.train()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        loss.item()
+    seconds = time.perf_counter() - start
+    dist.destroy_process_group()
+    return {"rank": rank, "size": size, "seconds": seconds}
+
+
+LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench_loops")
+    parser.add_argument("loop", choices=sorted(LOOPS))
+    parser.add_argument("--recipe", default="mnist")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
+    args = parser.parse_args()
+    out = LOOPS[args.loop](args)
+    if out["rank"] == 0:
+        out.update(loop=args.loop, recipe=args.recipe, batch_size=args.batch_size, steps=args.steps,
+                   threads=args.threads,
+                   images_per_sec=args.steps * args.batch_size * out["size"] / out["seconds"])
+        with open(args.result, "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
