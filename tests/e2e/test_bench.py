@@ -55,3 +55,20 @@ def test_ddp_benchmark_runs_horovod_ddp_and_hvdtrain(tmp_path):
     assert set(data["variants"]) == {"horovod", "ddp", "hvdtrain"}
     assert all(v["images_per_sec"] > 0 and len(v["samples"]) == 1 for v in data["variants"].values())
     assert _png(out / "ddp.png")
+
+
+def test_allreduce_benchmark_smallest(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "allreduce", "--np", "2", "--rounds", "1", "--fusion-rounds", "1",
+                          "--sizes", "4096,65536", "--fusion", "0/1", "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "allreduce.json").read_text())
+    assert data["benchmark"] == "allreduce" and {"horovod-gloo", "torch-gloo", "memcpy"} <= set(data["variants"])
+    assert [r["bytes"] for r in data["rows"]] == [4096, 65536]
+    for row in data["rows"]:
+        for v in data["variants"]:
+            assert row[v]["seconds"] > 0 and row[v]["busbw_gbps"] > 0
+    resnet = data["resnet50"]
+    assert [s["setting"] for s in resnet["settings"]] == ["0MB/1ms", "128MB/1ms"]
+    assert resnet["default"] == "128MB/1ms" and isinstance(resnet["within_target"], bool)
+    assert _png(out / "allreduce.png")

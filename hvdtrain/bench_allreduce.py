@@ -1,0 +1,136 @@
+"""Allreduce timing workers for ``python -m hvdtrain bench allreduce`` (run under a launcher; rank 0 writes JSON).
+
+    horovodrun -np 2 --gloo python -m hvdtrain.bench_allreduce horovod sizes --result r.json
+    mpirun -np 2 python -m hvdtrain.bench_allreduce horovod sizes --result r.json
+    torchrun --nproc_per_node 2 -m hvdtrain.bench_allreduce torch sizes --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench_allreduce horovod resnet50 --result r.json
+    python -m hvdtrain.bench_allreduce memcpy sizes --result r.json
+
+``sizes``: one float32 tensor of each size, allreduced (sum) back to back; seconds per operation, algorithm bandwidth
+(bytes / time) and bus bandwidth (algorithm bandwidth x 2 (n - 1) / n, the data each rank sends and receives in a ring,
+as nccl-tests report it). ``resnet50``: the 161 gradient tensors of ResNet-50 (torchvision shapes) allreduced
+asynchronously together, as DistributedOptimizer does after a backward pass; seconds per round under the
+HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``memcpy``: one process copying the same
+sizes, the ceiling of what a reduction through memory can reach on this machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import List, Tuple
+
+DEFAULT_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 128 << 20]
+
+
+def iterations(nbytes: int) -> int:
+    """The same count on every rank: enough repetitions to time small sizes, few for large ones."""
+    return max(3, min(200, (256 << 20) // max(nbytes, 1)))
+
+
+def resnet50_shapes() -> List[Tuple[int, ...]]:
+    """The trainable parameter shapes of torchvision's ResNet-50 (161 tensors, 25,557,032 values)."""
+    shapes: List[Tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,), (planes, planes, 3, 3), (planes,), (planes,),
+                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
+            if b == 0:
+                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
+            inplanes = planes * 4
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def _sizes_rows(allreduce, rank: int, size: int, sizes: List[int], barrier) -> List[dict]:
+    import torch
+    rows = []
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        n = iterations(nbytes)
+        for _ in range(2):  # warm-up: connections, buffers
+            allreduce(t)
+        barrier()
+        start = time.perf_counter()
+        for _ in range(n):
+            allreduce(t)
+        seconds = (time.perf_counter() - start) / n
+        algbw = nbytes / seconds
+        rows.append({"bytes": nbytes, "seconds": seconds, "iterations": n, "algbw_gbps": algbw / 1e9,
+                     "busbw_gbps": algbw * 2 * (size - 1) / size / 1e9 if size > 1 else algbw / 1e9})
+    return rows
+
+
+def horovod(args) -> dict:
+    import torch
+    import horovod.torch as hvd
+    hvd.init()
+    torch.set_num_threads(1)
+    if args.what == "sizes":
+        rows = _sizes_rows(lambda t: hvd.allreduce_(t, op=hvd.Sum, name="bench"), hvd.rank(), hvd.size(),
+                           args.sizes, lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
+        return {"rank": hvd.rank(), "size": hvd.size(), "rows": rows,
+                "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
+    tensors = [torch.ones(s) for s in resnet50_shapes()]
+    rounds = args.rounds
+
+    def one_round():
+        handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"grad.{i}") for i, t in enumerate(tensors)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    for _ in range(2):
+        one_round()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        one_round()
+    seconds = (time.perf_counter() - start) / rounds
+    return {"rank": hvd.rank(), "size": hvd.size(), "tensors": len(tensors), "seconds": seconds,
+            "bytes": sum(t.numel() for t in tensors) * 4, "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD"),
+            "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME")}
+
+
+def torch_distributed(args) -> dict:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rows = _sizes_rows(lambda t: dist.all_reduce(t), dist.get_rank(), dist.get_world_size(), args.sizes, dist.barrier)
+    out = {"rank": dist.get_rank(), "size": dist.get_world_size(), "rows": rows}
+    dist.destroy_process_group()
+    return out
+
+
+def memcpy(args) -> dict:
+    import numpy as np
+    rows = []
+    for nbytes in args.sizes:
+        src, dst = np.ones(nbytes // 4, dtype=np.float32), np.empty(nbytes // 4, dtype=np.float32)
+        n = iterations(nbytes)
+        np.copyto(dst, src)
+        start = time.perf_counter()
+        for _ in range(n):
+            np.copyto(dst, src)
+        seconds = (time.perf_counter() - start) / n
+        rows.append({"bytes": nbytes, "seconds": seconds, "iterations": n, "algbw_gbps": nbytes / seconds / 1e9,
+                     "busbw_gbps": nbytes / seconds / 1e9})
+    return {"rank": 0, "size": 1, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench_allreduce")
+    parser.add_argument("library", choices=["horovod", "torch", "memcpy"])
+    parser.add_argument("what", choices=["sizes", "resnet50"])
+    parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--result", required=True)
+    args = parser.parse_args()
+    out = {"horovod": horovod, "torch": torch_distributed, "memcpy": memcpy}[args.library](args)
+    if out["rank"] == 0:
+        with open(args.result, "w") as f:
+            json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
