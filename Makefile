@@ -57,15 +57,28 @@ imagenet-synthetic: install
 			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
 	done
 
-# Side-by-side benchmarks of the MNIST recipe on synthetic data (about 10 minutes on 2 cores), in runs/bench/:
-# scaling sweep (np = 1..NP) on both frameworks, hvdtrain against a bare Horovod loop on both, Horovod against DDP.
+# Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
+# sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
+# bandwidth and fusion settings, and the ImageNet input pipelines (ImageFolder on PyTorch, RecordIO on MXNet) on a
+# generated photo folder with ResNet-18 at 64 px. docs/benchmarks.md explains the figures.
 BENCH_STEPS ?= 200
-bench: install
+BENCH_PHOTOS := runs/bench/photos
+BENCH_INPUT := --image-size 64 --model resnet18_v1b --batch-size 8 --num-workers 1 --data-dir $(BENCH_PHOTOS)
+$(BENCH_PHOTOS)/train.rec: | install
+	$(PY) scripts/make_photo_folder.py $(BENCH_PHOTOS) --tile 80 --train-per-class 256 --val-per-class 16
+	$(PY) scripts/make_recordio.py $(BENCH_PHOTOS) $(BENCH_PHOTOS)
+
+bench: install $(BENCH_PHOTOS)/train.rec
 	$(PY) -m hvdtrain bench scaling --recipe mnist --framework torch --max-np $(NP) --output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench scaling --recipe mnist --framework mxnet --max-np $(NP) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework torch --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework mxnet --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench ddp --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
+	$(PY) -m hvdtrain bench allreduce --np $(NP) --output-dir runs/bench/allreduce
+	$(PY) -m hvdtrain bench input --recipe imagenet --framework torch --output-dir runs/bench/input-torch -- \
+		$(BENCH_INPUT) --data-format imagefolder
+	$(PY) -m hvdtrain bench input --recipe imagenet --framework mxnet --output-dir runs/bench/input-mxnet -- \
+		$(BENCH_INPUT) --data-format recordio
 
 test: install
 	$(PY) -m pytest -q

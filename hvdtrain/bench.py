@@ -136,6 +136,35 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def input_pipeline(recipe: str, framework: str, np_: int, rounds: int, steps: int, recipe_args: List[str],
+                   timeout: float = 600) -> Dict:
+    """The recipe's loader alone against training on real data and on --synthetic data, interleaved."""
+    threads = max(1, _cores() // np_)
+
+    def loader_alone() -> float:
+        with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+            result = os.path.join(out, "result.json")
+            cmd = [sys.executable, "-m", "hvdtrain.bench_loops", "loader", "--recipe", recipe, "--steps", str(steps),
+                   "--result", result, "--", "--framework", framework, "--threads", str(threads), *recipe_args]
+            return float(_run_worker(cmd, result, timeout, "loader", {})["images_per_sec"])
+
+    res = compare({
+        "loader": loader_alone,
+        "train-real": lambda: _run_once(recipe, framework, np_, threads, steps, recipe_args, timeout),
+        "train-synthetic": lambda: _run_once(recipe, framework, np_, threads, steps, [*recipe_args, "--synthetic"],
+                                             timeout),
+    }, rounds)
+    real, synthetic, loader = (res[k]["images_per_sec"] for k in ("train-real", "train-synthetic", "loader"))
+    # The loader alone is one process; np processes each run one.
+    headroom = loader * np_ / synthetic
+    return {"benchmark": "input", "recipe": recipe, "framework": framework, "np": np_, "threads_per_rank": threads,
+            "cores": _cores(), "rounds": rounds, "steps": steps, "recipe_args": recipe_args, "variants": res,
+            "real_over_synthetic": real / synthetic, "loader_headroom": headroom,
+            "loader_bound": headroom < 1.0, "target": 0.95,
+            "within_target": (real / synthetic >= 0.95) if headroom >= 1.5 else None,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def plot_compare(groups: Dict[str, Dict[str, Dict]], title: str, path: str) -> None:
     """Grouped bars (median img/s, min-max whiskers): one group per key of ``groups``, one bar per variant."""
     import matplotlib
@@ -353,7 +382,17 @@ def main(argv: List[str]) -> int:
     ar.add_argument("--fusion", default="", help="settings to try as MB/ms pairs, e.g. 0/1,128/1 (default: a grid "
                                                   "around Horovod's default 128/1, which is always included)")
     ar.add_argument("--output-dir", default="runs/bench")
+    ip = sub.add_parser("input", help="the input pipeline alone against training on real and synthetic data")
+    ip.add_argument("--recipe", default="imagenet")
+    ip.add_argument("--framework", default="torch", choices=["torch", "mxnet"])
+    ip.add_argument("--np", type=int, default=1)
+    ip.add_argument("--rounds", type=int, default=3)
+    ip.add_argument("--steps", type=int, default=30, help="batches per run")
+    ip.add_argument("--output-dir", default="runs/bench")
+    ip.add_argument("recipe_args", nargs=argparse.REMAINDER, help="after --: the recipe's options (--data-dir ...)")
     args = parser.parse_args(argv)
+    if args.what == "input":
+        return _main_input(args)
     if args.what == "allreduce":
         return _main_allreduce(args)
     if args.what == "overhead":
@@ -439,4 +478,25 @@ def _main_allreduce(args) -> int:
     print(f"ResNet-50 gradients: best {rn['best']}, default {rn['default']} takes {rn['default_over_best']:.3f}x the "
           f"best ({'within' if rn['within_target'] else 'over'} the 1.10 target)")
     print(f"bench: wrote {args.output_dir}/allreduce.json and allreduce.png")
+    return 0
+
+
+def _main_input(args) -> int:
+    _check_sizes(np=args.np, rounds=args.rounds, steps=args.steps)
+    recipe_args = [a for a in args.recipe_args if a != "--"]
+    result = input_pipeline(args.recipe, args.framework, args.np, args.rounds, args.steps, recipe_args)
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, "input.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_compare({f"{args.recipe} {args.framework} np={args.np}": result["variants"]},
+                 "input pipeline: loader alone, training on real and synthetic data",
+                 os.path.join(args.output_dir, "input.png"))
+    v = result["variants"]
+    verdict = ("the loader is the bottleneck" if result["loader_bound"] else
+               "within the 0.95 target" if result["within_target"] else
+               "under the 0.95 target" if result["within_target"] is False else "loader headroom under 1.5x")
+    print(f"loader alone {v['loader']['images_per_sec']:.1f} img/s per process; training on real data "
+          f"{v['train-real']['images_per_sec']:.1f} img/s, on synthetic {v['train-synthetic']['images_per_sec']:.1f} "
+          f"img/s; real/synthetic {result['real_over_synthetic']:.3f} ({verdict})")
+    print(f"bench: wrote {args.output_dir}/input.json and input.png")
     return 0

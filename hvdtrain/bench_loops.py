@@ -7,6 +7,11 @@ and nothing else. Run under a launcher:
     horovodrun -np 2 python -m hvdtrain.bench_loops horovod-torch --recipe mnist --steps 60 --result r.json
     horovodrun -np 2 python -m hvdtrain.bench_loops horovod-mxnet --recipe mnist --steps 60 --result r.json
     torchrun --nproc_per_node 2 -m hvdtrain.bench_loops ddp-torch --recipe mnist --steps 60 --result r.json
+    python -m hvdtrain.bench_loops loader --recipe imagenet --steps 50 --result r.json -- --data-dir D --framework mxnet
+
+``loader`` is the input pipeline alone: the recipe's own training data and its backend's loader, exactly as the
+Trainer builds them (one process, world size 1), iterated without training; the options after ``--`` go to the
+recipe.
 
 Throughput is timed like the Trainer's epoch: from the first step to the last, every step reading its loss back
 (as a loop that logs does). Rank 0 writes ``{"images_per_sec": global img/s, ...}`` to ``--result``.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 
@@ -117,7 +123,31 @@ def ddp_torch(args) -> dict:
     return {"rank": rank, "size": size, "seconds": seconds}
 
 
-LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch}
+def loader(args) -> dict:
+    from . import registry
+    from .config import parse_overrides
+    cls = registry.load(args.recipe)
+    cfg = parse_overrides(cls.config_class, [*args.recipe_args, "--resume", "never", "--output-dir",
+                                             os.path.join(os.path.dirname(os.path.abspath(args.result)), "loader")])
+    trainer = cls(cfg)
+    trainer.setup()
+    backend = trainer.backend
+    trainer.train_sampler.set_epoch(0, 0)
+    batches = backend.loader(trainer.train_set, trainer.train_sampler, cfg.batch_size, drop_last=True,
+                             num_workers=cfg.num_workers)
+    steps = min(args.steps, trainer.steps)
+    next(batches)  # worker start-up is not the steady state
+    start = time.perf_counter()
+    for _ in range(steps - 1):
+        x, _y = next(batches)
+    backend.scalar(x.sum())  # the last batch is really there (MXNet's engine is asynchronous)
+    seconds = time.perf_counter() - start
+    backend.shutdown()
+    return {"rank": 0, "size": 1, "seconds": seconds, "images": (steps - 1) * cfg.batch_size,
+            "num_workers": cfg.num_workers, "framework": cfg.framework, "batch_size": cfg.batch_size}
+
+
+LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch, "loader": loader}
 
 
 def main() -> None:
@@ -128,12 +158,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)  # loader: the recipe's own options come after --
+    args = parser.parse_args(argv[:cut])
+    args.recipe_args = argv[cut + 1:]
     out = LOOPS[args.loop](args)
     if out["rank"] == 0:
-        out.update(loop=args.loop, recipe=args.recipe, batch_size=args.batch_size, steps=args.steps,
-                   threads=args.threads,
-                   images_per_sec=args.steps * args.batch_size * out["size"] / out["seconds"])
+        images = out.get("images", args.steps * args.batch_size * out["size"])
+        out.update(loop=args.loop, recipe=args.recipe, batch_size=out.get("batch_size", args.batch_size),
+                   steps=args.steps,
+                   threads=args.threads, images_per_sec=images / out["seconds"])
         with open(args.result, "w") as f:
             json.dump(out, f)
 

@@ -1,7 +1,8 @@
 """Smoke test of the benchmark command at its smallest size: the JSON schema and the chart. No speed is asserted."""
 import json
+import os
 
-from tests.helpers import describe, hvdtrain, run
+from tests.helpers import PY, ROOT, describe, hvdtrain, run
 
 
 def test_scaling_benchmark_writes_json_and_png(tmp_path):
@@ -72,3 +73,19 @@ def test_allreduce_benchmark_smallest(tmp_path):
     assert [s["setting"] for s in resnet["settings"]] == ["0MB/1ms", "128MB/1ms"]
     assert resnet["default"] == "128MB/1ms" and isinstance(resnet["within_target"], bool)
     assert _png(out / "allreduce.png")
+
+
+def test_input_benchmark_on_a_photo_folder(tmp_path):
+    photos, out = tmp_path / "photos", tmp_path / "bench"
+    made = run([PY, os.path.join(ROOT, "scripts", "make_photo_folder.py"), str(photos), "--tile", "48",
+                "--train-per-class", "16", "--val-per-class", "4"], timeout=120)
+    assert made.returncode == 0, describe(made)
+    result = run(hvdtrain("bench", "input", "--recipe", "imagenet", "--framework", "torch", "--rounds", "1",
+                          "--steps", "3", "--output-dir", str(out), "--", "--data-dir", str(photos), "--image-size",
+                          "32", "--model", "resnet18_v1b", "--batch-size", "4", "--num-workers", "0"), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "input.json").read_text())
+    assert data["benchmark"] == "input" and set(data["variants"]) == {"loader", "train-real", "train-synthetic"}
+    assert data["real_over_synthetic"] > 0 and data["loader_headroom"] > 0
+    assert data["within_target"] in (True, False, None) and isinstance(data["loader_bound"], bool)
+    assert _png(out / "input.png")
