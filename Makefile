@@ -59,7 +59,7 @@ imagenet-synthetic: install
 
 # Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
 # sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
-# bandwidth and fusion settings, and the ImageNet input pipelines (ImageFolder on PyTorch, RecordIO on MXNet) on a
+# bandwidth and fusion settings, Horovod against MXNet's parameter server, and the ImageNet input pipelines (ImageFolder on PyTorch, RecordIO on MXNet) on a
 # generated photo folder with ResNet-18 at 64 px. docs/benchmarks.md explains the figures.
 BENCH_STEPS ?= 200
 BENCH_PHOTOS := runs/bench/photos
@@ -74,6 +74,7 @@ bench: install $(BENCH_PHOTOS)/train.rec
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework torch --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework mxnet --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench ddp --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
+	$(PY) -m hvdtrain bench ps --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench allreduce --np $(NP) --output-dir runs/bench/allreduce
 	$(PY) -m hvdtrain bench input --recipe imagenet --framework torch --output-dir runs/bench/input-torch -- \
 		$(BENCH_INPUT) --data-format imagefolder

@@ -95,6 +95,41 @@ def horovod_mxnet(args) -> dict:
     return {"rank": hvd.rank(), "size": hvd.size(), "seconds": seconds}
 
 
+def ps_mxnet(args) -> dict:
+    """The Gluon loop on MXNet's parameter server (kvstore dist_sync): start it as a worker, with the scheduler and
+    servers running and DMLC_* set (``bench ps`` does all of that)."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import mxnet as mx
+    kv = mx.kv.create("dist_sync")
+    trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads)
+    cfg = trainer.cfg
+    mx.random.seed(cfg.seed)
+    ctx = mx.cpu()
+    net = trainer.build_mxnet()
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    x = mx.nd.random.normal(shape=(args.batch_size,) + tuple(trainer.input_shape), ctx=ctx)
+    y = mx.nd.array(mx.nd.random.randint(0, trainer.num_classes, shape=(args.batch_size,)).asnumpy(), ctx=ctx)
+    with mx.autograd.record():
+        net(x)
+    net.hybridize()
+    # The servers sum the workers' gradients and update the weights (update_on_kvstore, the default for dist_sync);
+    # step(batch x workers) makes it the mean, as Horovod's average.
+    opt = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": cfg.base_lr * kv.num_workers,
+                                                         "momentum": cfg.momentum, "wd": cfg.weight_decay}, kvstore=kv)
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        with mx.autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step(args.batch_size * kv.num_workers)
+        loss.mean().asscalar()
+    mx.nd.waitall()
+    seconds = time.perf_counter() - start
+    return {"rank": kv.rank, "size": kv.num_workers, "seconds": seconds}
+
+
 def ddp_torch(args) -> dict:
     import torch
     import torch.distributed as dist
@@ -147,7 +182,8 @@ def loader(args) -> dict:
             "num_workers": cfg.num_workers, "framework": cfg.framework, "batch_size": cfg.batch_size}
 
 
-LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch, "loader": loader}
+LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch, "ps-mxnet": ps_mxnet,
+         "loader": loader}
 
 
 def main() -> None:

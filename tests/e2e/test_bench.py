@@ -89,3 +89,15 @@ def test_input_benchmark_on_a_photo_folder(tmp_path):
     assert data["real_over_synthetic"] > 0 and data["loader_headroom"] > 0
     assert data["within_target"] in (True, False, None) and isinstance(data["loader_bound"], bool)
     assert _png(out / "input.png")
+
+
+def test_parameter_server_benchmark_smallest(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "ps", "--np", "2", "--rounds", "1", "--steps", "3", "--output-dir", str(out)),
+                 timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "ps.json").read_text())
+    assert data["benchmark"] == "ps" and len(data["variants"]) == 5
+    assert all(v["images_per_sec"] > 0 for v in data["variants"].values())
+    assert set(data["efficiency"]) == {"horovod", "ps 1 server", "ps 2 servers"}
+    assert data["horovod_over_ps_1_server"] > 0 and _png(out / "ps.png")
