@@ -1,4 +1,4 @@
-"""``python -m hvdtrain bench scaling|overhead|ddp``: throughput measured side by side.
+"""``python -m hvdtrain bench scaling|overhead|ddp|ps|allreduce|input``: throughput measured side by side.
 
 ``scaling``: throughput of a recipe at np = 1, 2, ....
 
@@ -12,8 +12,12 @@ efficiency against the ideal 100%).
 ``overhead``: the hvdtrain Trainer against a hand-written Horovod loop (:mod:`hvdtrain.bench_loops`) with the same
 model, batch, optimizer and threads, at np = 1..N; the figure is step time hvdtrain / step time bare (target <= 1.03).
 ``ddp``: the bare Horovod loop under ``horovodrun --gloo`` against PyTorch's DistributedDataParallel under ``torchrun``
-with the gloo backend (and hvdtrain beside them); the figure is throughput Horovod / DDP. Every comparison interleaves
-its variants within each round (A B C, then C B A) and reports median, min and max per variant.
+with the gloo backend (and hvdtrain beside them); the figure is throughput Horovod / DDP. ``ps``: the bare Horovod
+Gluon loop against the same loop on MXNet's parameter server (kvstore dist_sync, 1 and 2 servers on loopback), with
+the scaling efficiency of each. ``allreduce``: bus bandwidth per message size (:mod:`hvdtrain.bench_allreduce`) and
+ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
+against training on real and on synthetic data. Every comparison interleaves its variants within each round (A B C,
+then C B A) and reports median, min and max per variant.
 """
 from __future__ import annotations
 

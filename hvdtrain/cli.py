@@ -21,8 +21,8 @@ commands:
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
-  bench scaling [--recipe R] [--framework F] [--max-np N]
-                                     img/s and scaling efficiency at np = 1..N (JSON + PNG)
+  bench scaling|overhead|ddp|ps|allreduce|input [options]
+                                     side-by-side benchmarks (JSON + PNG); bench -h lists them
   
 Launch with Horovod as usual, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain recipe mnist --framework torch --data-dir data/digits
