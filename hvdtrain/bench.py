@@ -82,17 +82,8 @@ def _run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_
         else:
             cmd = [os.path.join(binary, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
                    sys.executable, "-m", "hvdtrain.bench_loops", loop, *args]
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                                  env=env)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"bench: {loop} np={np_} did not finish within {timeout:.0f}s") from None
-        if proc.returncode != 0 or not os.path.exists(result):
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            raise RuntimeError(f"bench: {loop} np={np_} failed (exit {proc.returncode}): " + " | ".join(lines[-3:]))
-        with open(result) as f:
-            return float(json.load(f)["images_per_sec"])
+        out_json = _run_worker(cmd, result, timeout, f"{loop} np={np_}", {"OMP_NUM_THREADS": str(threads)})
+        return float(out_json["images_per_sec"])
 
 
 def compare(variants: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, Dict]:
@@ -501,36 +492,35 @@ def _check_sizes(**sizes: int) -> None:
         raise ConfigError(", ".join("--" + k.replace("_", "-") for k in bad) + " must be at least 1")
 
 
+def _save(output_dir: str, name: str, result: Dict, groups: Dict[str, Dict[str, Dict]], title: str) -> None:
+    """NAME.json and NAME.png (grouped bars of the variants) in ``output_dir``."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_compare(groups, title, os.path.join(output_dir, f"{name}.png"))
+    print(f"bench: wrote {output_dir}/{name}.json and {name}.png")
+
+
 def _main_overhead(args) -> int:
     _check_sizes(max_np=args.max_np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     result = overhead(args.recipe, args.framework, args.max_np, args.rounds, args.steps, args.batch_size)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "overhead.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot_compare({f"np={r['np']}": r["variants"] for r in result["rows"]},
-                 f"{args.recipe} on {args.framework}: hvdtrain vs a bare Horovod loop",
-                 os.path.join(args.output_dir, "overhead.png"))
     for r in result["rows"]:
         v = r["variants"]
         print(f"np={r['np']}: hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s, bare "
               f"{v['bare']['images_per_sec']:.1f} img/s; step time hvdtrain/bare {r['step_time_ratio']:.3f} "
               f"({'within' if r['within_target'] else 'over'} the 1.03 target)")
-    print(f"bench: wrote {args.output_dir}/overhead.json and overhead.png")
+    _save(args.output_dir, "overhead", result, {f"np={r['np']}": r["variants"] for r in result["rows"]},
+          f"{args.recipe} on {args.framework}: hvdtrain vs a bare Horovod loop")
     return 0
 
 
 def _main_ddp(args) -> int:
     _check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     result = ddp(args.recipe, args.np, args.rounds, args.steps, args.batch_size)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "ddp.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot_compare({f"np={args.np}": result["variants"]}, f"{args.recipe}: Horovod vs PyTorch DDP (gloo)",
-                 os.path.join(args.output_dir, "ddp.png"))
     v = result["variants"]
     print(f"np={args.np}: Horovod {v['horovod']['images_per_sec']:.1f} img/s, DDP {v['ddp']['images_per_sec']:.1f} "
           f"img/s, hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s; Horovod/DDP {result['horovod_over_ddp']:.3f}")
-    print(f"bench: wrote {args.output_dir}/ddp.json and ddp.png")
+    _save(args.output_dir, "ddp", result, {f"np={args.np}": v}, f"{args.recipe}: Horovod vs PyTorch DDP (gloo)")
     return 0
 
 
@@ -566,12 +556,6 @@ def _main_input(args) -> int:
     _check_sizes(np=args.np, rounds=args.rounds, steps=args.steps)
     recipe_args = [a for a in args.recipe_args if a != "--"]
     result = input_pipeline(args.recipe, args.framework, args.np, args.rounds, args.steps, recipe_args)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "input.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot_compare({f"{args.recipe} {args.framework} np={args.np}": result["variants"]},
-                 "input pipeline: loader alone, training on real and synthetic data",
-                 os.path.join(args.output_dir, "input.png"))
     v = result["variants"]
     verdict = ("the loader is the bottleneck" if result["loader_bound"] else
                "within the 0.95 target" if result["within_target"] else
@@ -579,18 +563,14 @@ def _main_input(args) -> int:
     print(f"loader alone {v['loader']['images_per_sec']:.1f} img/s per process; training on real data "
           f"{v['train-real']['images_per_sec']:.1f} img/s, on synthetic {v['train-synthetic']['images_per_sec']:.1f} "
           f"img/s; real/synthetic {result['real_over_synthetic']:.3f} ({verdict})")
-    print(f"bench: wrote {args.output_dir}/input.json and input.png")
+    _save(args.output_dir, "input", result, {f"{args.recipe} {args.framework} np={args.np}": v},
+          "input pipeline: loader alone, training on real and synthetic data")
     return 0
 
 
 def _main_ps(args) -> int:
     _check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     result = parameter_server(args.recipe, args.np, args.rounds, args.steps, args.batch_size)
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, "ps.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot_compare({"": result["variants"]}, f"{args.recipe} on MXNet: Horovod vs parameter server",
-                 os.path.join(args.output_dir, "ps.png"))
     for name, v in result["variants"].items():
         print(f"{name}: {v['images_per_sec']:.1f} img/s (min {v['min']:.1f}, max {v['max']:.1f})")
     eff = result["efficiency"]
@@ -598,5 +578,5 @@ def _main_ps(args) -> int:
           f"{result['horovod_over_ps_2_servers']:.3f} (2 servers); scaling efficiency: Horovod "
           f"{100 * eff['horovod']:.0f}%, PS 1 server {100 * eff['ps 1 server']:.0f}%, "
           f"PS 2 servers {100 * eff['ps 2 servers']:.0f}%")
-    print(f"bench: wrote {args.output_dir}/ps.json and ps.png")
+    _save(args.output_dir, "ps", result, {"": result["variants"]}, f"{args.recipe} on MXNet: Horovod vs parameter server")
     return 0

@@ -32,21 +32,10 @@ def _recipe(name: str, framework: str, batch_size: int, threads: int):
                                 output_dir=os.devnull))
 
 
-def horovod_torch(args) -> dict:
+def _torch_steps(model, opt, trainer, args) -> float:
+    """Seconds for ``args.steps`` steps on one fixed synthetic batch, each reading its loss back."""
     import torch
     import torch.nn.functional as F
-    import horovod.torch as hvd
-    hvd.init()
-    torch.set_num_threads(args.threads)
-    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
-    cfg = trainer.cfg
-    torch.manual_seed(cfg.seed)
-    model = trainer.build_torch()
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * hvd.size(), momentum=cfg.momentum,
-                          weight_decay=cfg.weight_decay)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt, root_rank=0)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     x = torch.randn((args.batch_size,) + tuple(trainer.input_shape))
     y = torch.randint(0, trainer.num_classes, (args.batch_size,))
     model.train()
@@ -57,42 +46,77 @@ def horovod_torch(args) -> dict:
         loss.backward()
         opt.step()
         loss.item()
-    seconds = time.perf_counter() - start
-    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": seconds}
+    return time.perf_counter() - start
 
 
-def horovod_mxnet(args) -> dict:
+def _gluon_model(args):
+    """The recipe's Gluon network, initialized with shapes resolved, and one fixed synthetic batch."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import mxnet as mx
-    import horovod.mxnet as hvd
-    hvd.init()
     trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads)
-    cfg = trainer.cfg
-    mx.random.seed(cfg.seed)
+    mx.random.seed(trainer.cfg.seed)
     ctx = mx.cpu()
     net = trainer.build_mxnet()
     net.initialize(mx.init.Xavier(), ctx=ctx)
     x = mx.nd.random.normal(shape=(args.batch_size,) + tuple(trainer.input_shape), ctx=ctx)
     y = mx.nd.array(mx.nd.random.randint(0, trainer.num_classes, shape=(args.batch_size,)).asnumpy(), ctx=ctx)
     with mx.autograd.record():
-        net(x)  # resolve deferred shapes before the broadcast
+        net(x)  # resolve deferred shapes before parameters are broadcast or pushed
+    return trainer, net, x, y
+
+
+def _gluon_steps(net, opt, x, y, steps: int, normalize: int) -> float:
+    """Seconds for ``steps`` Gluon steps, each reading its loss back; ``opt.step(normalize)``."""
+    import mxnet as mx
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(steps):
+        with mx.autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        opt.step(normalize)
+        loss.mean().asscalar()
+    mx.nd.waitall()
+    return time.perf_counter() - start
+
+
+def _torch_model(args, size: int):
+    """The recipe's PyTorch model and its SGD optimizer (learning rate scaled by ``size``), threads set."""
+    import torch
+    torch.set_num_threads(args.threads)
+    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
+    cfg = trainer.cfg
+    torch.manual_seed(cfg.seed)
+    model = trainer.build_torch()
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * size, momentum=cfg.momentum,
+                          weight_decay=cfg.weight_decay)
+    return trainer, model, opt
+
+
+def horovod_torch(args) -> dict:
+    import horovod.torch as hvd
+    hvd.init()
+    trainer, model, opt = _torch_model(args, hvd.size())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": _torch_steps(model, opt, trainer, args)}
+
+
+def horovod_mxnet(args) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import horovod.mxnet as hvd
+    hvd.init()
+    trainer, net, x, y = _gluon_model(args)
+    cfg = trainer.cfg
     params = net.collect_params()
     hvd.broadcast_parameters(params, root_rank=0)
     net.hybridize()
     opt = hvd.DistributedTrainer(params, "sgd", {"learning_rate": cfg.base_lr * hvd.size(), "momentum": cfg.momentum,
                                                  "wd": cfg.weight_decay})
-    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        with mx.autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step(args.batch_size)
-        loss.mean().asscalar()
-    mx.nd.waitall()
-    seconds = time.perf_counter() - start
-    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": seconds}
+    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": _gluon_steps(net, opt, x, y, args.steps,
+                                                                            args.batch_size)}
 
 
 def ps_mxnet(args) -> dict:
@@ -101,59 +125,25 @@ def ps_mxnet(args) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import mxnet as mx
     kv = mx.kv.create("dist_sync")
-    trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads)
+    trainer, net, x, y = _gluon_model(args)
     cfg = trainer.cfg
-    mx.random.seed(cfg.seed)
-    ctx = mx.cpu()
-    net = trainer.build_mxnet()
-    net.initialize(mx.init.Xavier(), ctx=ctx)
-    x = mx.nd.random.normal(shape=(args.batch_size,) + tuple(trainer.input_shape), ctx=ctx)
-    y = mx.nd.array(mx.nd.random.randint(0, trainer.num_classes, shape=(args.batch_size,)).asnumpy(), ctx=ctx)
-    with mx.autograd.record():
-        net(x)
     net.hybridize()
     # The servers sum the workers' gradients and update the weights (update_on_kvstore, the default for dist_sync);
     # step(batch x workers) makes it the mean, as Horovod's average.
     opt = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": cfg.base_lr * kv.num_workers,
                                                          "momentum": cfg.momentum, "wd": cfg.weight_decay}, kvstore=kv)
-    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
-    mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        with mx.autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        opt.step(args.batch_size * kv.num_workers)
-        loss.mean().asscalar()
-    mx.nd.waitall()
-    seconds = time.perf_counter() - start
-    return {"rank": kv.rank, "size": kv.num_workers, "seconds": seconds}
+    return {"rank": kv.rank, "size": kv.num_workers,
+            "seconds": _gluon_steps(net, opt, x, y, args.steps, args.batch_size * kv.num_workers)}
 
 
 def ddp_torch(args) -> dict:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     dist.init_process_group("gloo")
-    torch.set_num_threads(args.threads)
     rank, size = dist.get_rank(), dist.get_world_size()
-    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
-    cfg = trainer.cfg
-    torch.manual_seed(cfg.seed)
-    model = torch.nn.parallel.DistributedDataParallel(trainer.build_torch())  # broadcasts rank 0's parameters
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * size, momentum=cfg.momentum,
-                          weight_decay=cfg.weight_decay)
-    x = torch.randn((args.batch_size,) + tuple(trainer.input_shape))
-    y = torch.randint(0, trainer.num_classes, (args.batch_size,))
-    model.train()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        loss.item()
-    seconds = time.perf_counter() - start
+    trainer, model, opt = _torch_model(args, size)
+    model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    seconds = _torch_steps(model, opt, trainer, args)
     dist.destroy_process_group()
     return {"rank": rank, "size": size, "seconds": seconds}
 
