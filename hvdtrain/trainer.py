@@ -384,7 +384,9 @@ class Trainer:
         if self.cfg.synthetic:
             if not self.input_shape or not self.num_classes:
                 raise ConfigError(f"recipe {self.name} does not support --synthetic (no input_shape/num_classes)")
-            n = self.cfg.batch_size * self.cfg.accumulate * self.backend.size * 64
+            # 64 steps per epoch, or --max-steps in one epoch: a benchmark's steps are all in one timed epoch.
+            steps = max(64, self.cfg.max_steps)
+            n = self.cfg.batch_size * self.cfg.accumulate * self.backend.size * steps
             return Synthetic(n, self.input_shape, self.num_classes), None
         hook = getattr(self, f"datasets_{self.backend.name}", None) or self.datasets
         return hook()
