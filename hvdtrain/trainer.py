@@ -162,8 +162,10 @@ class Trainer:
             self.reporter.progress(self.global_step, "data")
             self._timeline_window(after_step=False)
             self.phases.begin_step(self.global_step + 1)
-            # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them.
-            backend.seed(self._rank_seed(epoch, position))
+            # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them. The
+            # framework's generator (costly to reseed on MXNet) is reseeded where a run can resume: at the start of
+            # this loop (an epoch, or a resumed position) and after each mid-epoch checkpoint or elastic commit.
+            backend.seed(self._rank_seed(epoch, position), framework=i == 0 or self._resume_point())
             lr = self.lr_at(epoch + position / len(train_set))
             backend.set_lr(lr)
             mix = float(np.random.default_rng([cfg.seed, epoch, position]).beta(cfg.mixup, cfg.mixup)) \
@@ -405,6 +407,12 @@ class Trainer:
         except StopIteration:
             raise RuntimeError("the data loader ran out of batches before the end of the epoch; every rank must "
                                "run the same number of steps") from None
+
+    def _resume_point(self) -> bool:
+        """True when the step about to run follows a mid-epoch checkpoint or an elastic commit."""
+        cfg, step = self.cfg, self.global_step
+        return bool(cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0) or \
+            bool(cfg.elastic and cfg.commit_every and step % cfg.commit_every == 0)
 
     def _reached_max_steps(self) -> bool:
         return bool(self.cfg.max_steps) and self.global_step >= self.cfg.max_steps

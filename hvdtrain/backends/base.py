@@ -136,8 +136,8 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def seed(self, seed: int) -> None:
-        ...
+    def seed(self, seed: int, framework: bool = True) -> None:
+        """Seed Python's and numpy's generators and, with ``framework``, the framework's own (dropout masks)."""
 
     # --- data ------------------------------------------------------------------------------------------------------
     @abc.abstractmethod
