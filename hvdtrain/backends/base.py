@@ -107,6 +107,7 @@ class Backend(abc.ABC):
 
     def start_timeline(self, path: str) -> None:
         """Horovod: start recording the timeline (rank 0 writes ``path``); needs HOROVOD_TIMELINE=DYNAMIC at init."""
+        self.synchronize()  # the previous step's collectives (queued on MXNet's engine) finish outside the window
         self.hvd.start_timeline(path, mark_cycles=False)
 
     def stop_timeline(self) -> None:

@@ -125,17 +125,6 @@ def test_horovodrun_over_ssh_trains_as_on_localhost(cluster, tmp_path, tmp_path_
     assert [beats[0]["addresses"], beats[1]["addresses"]] == [[cluster.hosts["host0"]], [cluster.hosts["host1"]]]
 
 
-def test_mnist_recipe_over_ssh(cluster, tmp_path, digits):
-    """The MNIST recipe, one rank per host: the same losses and accuracy as the same command on localhost."""
-    args = ("recipe", "mnist", "--framework", "torch", "--epochs", "1", "--threads", "1", "--data-dir", digits)
-    r = cluster.launch(os.path.join(BIN, "horovodrun"), "-np", "2", "-H", "host0:1,host1:1", "--gloo",
-                       *hvdtrain(*args, "--output-dir", str(tmp_path / "hosts")))
-    assert r.returncode == 0, describe(r)
-    local = run(horovodrun(2, *hvdtrain(*args, "--output-dir", str(tmp_path / "local"))), timeout=240)
-    assert local.returncode == 0, describe(local)
-    assert_same_training(read_metrics(str(tmp_path / "hosts")), read_metrics(str(tmp_path / "local")))
-
-
 def test_mpirun_across_hosts(cluster, tmp_path, tmp_path_factory):
     """The PyTorch article's mpirun command, across the two hosts."""
     out = str(tmp_path / "out")
