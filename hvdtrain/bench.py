@@ -62,6 +62,11 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _threads_per_rank(np_: int) -> int:
+    """The same threads per rank in every variant and at every size: the cores divided by the most ranks run."""
+    return max(1, _cores() // np_)
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -101,7 +106,7 @@ def compare(variants: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, 
 def overhead(recipe: str, framework: str, max_np: int, rounds: int, steps: int, batch_size: int,
              timeout: float = 600) -> Dict:
     """hvdtrain against the bare Horovod loop of the same framework, at np = 1..max_np."""
-    threads = max(1, _cores() // max_np)
+    threads = _threads_per_rank(max_np)
     extra = ["--synthetic", "--batch-size", str(batch_size)]
     rows = []
     for n in range(1, max_np + 1):
@@ -118,7 +123,7 @@ def overhead(recipe: str, framework: str, max_np: int, rounds: int, steps: int, 
 
 def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
     """Horovod (bare loop, Gloo) against PyTorch DDP (gloo), with hvdtrain beside them, at ``np_`` workers."""
-    threads = max(1, _cores() // np_)
+    threads = _threads_per_rank(np_)
     extra = ["--synthetic", "--batch-size", str(batch_size)]
     res = compare({
         "horovod": lambda: _run_loop("horovod-torch", recipe, np_, threads, steps, batch_size, timeout),
@@ -180,7 +185,7 @@ def _run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, b
 
 def parameter_server(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
     """Horovod (bare Gluon loop) against MXNet's parameter server with 1 and 2 servers, at 1 and ``np_`` workers."""
-    threads = max(1, _cores() // np_)
+    threads = _threads_per_rank(np_)
     res = compare({
         "horovod np=1": lambda: _run_loop("horovod-mxnet", recipe, 1, threads, steps, batch_size, timeout),
         f"horovod np={np_}": lambda: _run_loop("horovod-mxnet", recipe, np_, threads, steps, batch_size, timeout),
@@ -202,7 +207,7 @@ def parameter_server(recipe: str, np_: int, rounds: int, steps: int, batch_size:
 def input_pipeline(recipe: str, framework: str, np_: int, rounds: int, steps: int, recipe_args: List[str],
                    timeout: float = 600) -> Dict:
     """The recipe's loader alone against training on real data and on --synthetic data, interleaved."""
-    threads = max(1, _cores() // np_)
+    threads = _threads_per_rank(np_)
 
     def loader_alone() -> float:
         with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
@@ -369,7 +374,7 @@ def scaling(recipe: str, framework: str, max_np: int, rounds: int, steps: int, e
             timeout: float = 600) -> Dict:
     """Interleaved rounds over np = 1..max_np; median, spread and efficiency per np."""
     cores = _cores()
-    threads = max(1, cores // max_np)
+    threads = _threads_per_rank(max_np)
     sizes = list(range(1, max_np + 1))
     samples: Dict[int, List[float]] = {n: [] for n in sizes}
     for r in range(rounds):
@@ -429,9 +434,11 @@ def main(argv: List[str]) -> int:
     ov.add_argument("--framework", default="torch", choices=["torch", "mxnet"])
     ov.add_argument("--max-np", type=int, default=2)
     dd = sub.add_parser("ddp", help="Horovod against PyTorch DistributedDataParallel (both on Gloo)")
-    dd.add_argument("--recipe", default="mnist")
-    dd.add_argument("--np", type=int, default=2)
-    for p in (ov, dd):
+    ps = sub.add_parser("ps", help="Horovod against MXNet's parameter server (kvstore dist_sync, 1 and 2 servers)")
+    for p in (dd, ps):
+        p.add_argument("--recipe", default="mnist")
+        p.add_argument("--np", type=int, default=2)
+    for p in (ov, dd, ps):
         p.add_argument("--rounds", type=int, default=3)
         p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
         p.add_argument("--batch-size", type=int, default=32, help="per worker")
@@ -445,13 +452,6 @@ def main(argv: List[str]) -> int:
     ar.add_argument("--fusion", default="", help="settings to try as MB/ms pairs, e.g. 0/1,128/1 (default: a grid "
                                                   "around Horovod's default 128/1, which is always included)")
     ar.add_argument("--output-dir", default="runs/bench")
-    ps = sub.add_parser("ps", help="Horovod against MXNet's parameter server (kvstore dist_sync, 1 and 2 servers)")
-    ps.add_argument("--recipe", default="mnist")
-    ps.add_argument("--np", type=int, default=2)
-    ps.add_argument("--rounds", type=int, default=3)
-    ps.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    ps.add_argument("--batch-size", type=int, default=32, help="per worker")
-    ps.add_argument("--output-dir", default="runs/bench")
     ip = sub.add_parser("input", help="the input pipeline alone against training on real and synthetic data")
     ip.add_argument("--recipe", default="imagenet")
     ip.add_argument("--framework", default="torch", choices=["torch", "mxnet"])

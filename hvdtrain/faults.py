@@ -300,7 +300,7 @@ def explain_failure(output_dir: str, rank: int, wait: float = 3.0) -> Optional[s
         names = ", ".join(f"rank {b['rank']} on {b['host']} ({', '.join(b['addresses'])})" for b in cut_off)
         return (f"cannot reach {names} from rank {rank}" + (f" on {me['host']}" if me.get("host") else "")
                 + f": that host is down or cut off from the network [{table}]")
-    stale = [b for b in beats if now - b["time"] > STALE_SECONDS]
+    stale = [b for b in beats if _silent(b, now)]
     if stale:
         b = min(stale, key=lambda b: b["time"])
         return (f"rank {b['rank']} ({b['host']}, pid {b['pid']}) stopped responding at step {b['step']} "

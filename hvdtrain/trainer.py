@@ -159,7 +159,7 @@ class Trainer:
         self.phases.reset()
         for i in range(steps):
             position = offset + i * global_batch  # samples of this epoch consumed before this step
-            self.reporter.progress(self.global_step, "data")
+            self.reporter.step = self.global_step  # the heartbeat's phase comes from the timer, as it is entered
             self._timeline_window(after_step=False)
             self.phases.begin_step(self.global_step + 1)
             # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them. The
@@ -245,7 +245,8 @@ class Trainer:
         return summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[-1] for row in rows])
 
     def _timeline_window(self, after_step: bool, end: bool = False) -> None:
-        """--timeline-file/--timeline-steps: start Horovod's timeline before global step A and stop it after step B (or at the end)."""
+        """--timeline-steps A:B: start Horovod's timeline before global step A, stop it after step B (or at the
+        end)."""
         window = self.cfg.timeline_window()
         if window is None:
             return
