@@ -144,6 +144,7 @@ def ddp_torch(args) -> dict:
     trainer, model, opt = _torch_model(args, size)
     model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     seconds = _torch_steps(model, opt, trainer, args)
+    dist.barrier()  # no rank tears the group down while its peer still talks to it (a SIGABRT was seen)
     dist.destroy_process_group()
     return {"rank": rank, "size": size, "seconds": seconds}
 
