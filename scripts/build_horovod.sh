@@ -5,11 +5,17 @@
 #
 # Horovod 0.28.1 is built from the PyPI sdist against the torch and mxnet already installed in PYTHON's
 # environment (--no-build-isolation), with PyTorch, MXNet, Gloo and, when Open MPI is found, MPI.
-# Two fixes are applied to the unpacked sdist, because 0.28.1 does not build as published against today's tools:
+# Three fixes are applied to the unpacked sdist: two because 0.28.1 does not build as published against today's tools,
+# one for a crash:
 #   1. CMake >= 4 rejects the bundled Gloo's cmake_minimum_required: we build with cmake < 4 (installed in the venv)
 #      and also export CMAKE_POLICY_VERSION_MINIMUM=3.5 for hosts whose PATH offers a newer cmake first.
 #   2. torch >= 2.1 headers need C++17 while 0.28.1 compiles as C++14 (horovod#3996, fixed upstream by PR #3998,
 #      never released): CMAKE_CXX_STANDARD is set to 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
+#   3. A crash: 0.28.1's EnqueueTensorBroadcast (and Alltoall, Join) writes its trace line "Enqueued NAME" after
+#      handing the op to the background thread, and the stream insert runs at any log level. With horovod.mxnet NAME
+#      lives in the op's parameters, which the completion callback frees, so when the op completes first (at once with
+#      one rank) the log reads freed memory and the process segfaults: about 1 run in 20 of a small MXNet job here.
+#      The trace line is written before the op is queued.
 #
 # The wheel is cached in ${XDG_CACHE_HOME:-~/.cache}/hvdtrain/horovod/KEY/, where KEY covers everything the binary
 # depends on: Horovod, torch, mxnet and Python versions, the platform, HOROVOD_GPU_OPERATIONS, whether MPI was found
@@ -132,6 +138,26 @@ src="$work/horovod-$HOROVOD_VERSION"
 sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
 grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/CMakeLists.txt" || { log "C++17 patch did not apply to CMakeLists.txt"; exit 1; }
 grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod/torch/CMakeLists.txt" || { log "C++17 patch did not apply to horovod/torch/CMakeLists.txt"; exit 1; }
+
+# Fix 3: trace the op's name before queueing it, while the name is still alive (see the header).
+"$PY" - "$src/horovod/common/operations.cc" <<'EOF'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+before = '''  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+  if (status.ok()) {
+    LOG(TRACE, horovod_global.global_controller->GetRank())
+        << "Enqueued " << name;
+  }
+'''
+after = '''  LOG(TRACE, horovod_global.global_controller->GetRank())
+      << "Enqueueing " << name;
+  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
+'''
+if text.count(before) != 3:
+    sys.exit(f"expected 3 'Enqueued ' trace lines after AddToTensorQueue in {path}, found {text.count(before)}")
+open(path, "w").write(text.replace(before, after))
+EOF
 
 # Fix 1: cmake < 4 from the venv first on PATH; the policy variable covers a newer one anyway.
 venv_bin=$(dirname "$PY")
