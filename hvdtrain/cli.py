@@ -5,6 +5,7 @@ rank at once with one line naming what to fix and exit status 2.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import traceback
@@ -119,6 +120,12 @@ COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor, "bench
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A crash in native code (a segfault in a framework or in Horovod) prints every Python thread's stack, under the
+    # launcher's rank prefix, before the process dies by the signal. Enabled before MXNet is imported: MXNet installs
+    # its own SIGSEGV handler only where none is set, and that one prints no Python stack and exits through
+    # std::terminate, which hides the signal ("terminate called without an active exception").
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2

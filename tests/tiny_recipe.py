@@ -21,8 +21,8 @@ class TinyConfig(TrainConfig):
     perturb_by_rank: bool = False
     """Add rank-dependent noise to the initial weights (tests that the broadcast makes them equal)."""
     fault: str = ""
-    """Fault injection for tests: raise, kill (SIGKILL), stop (SIGSTOP), nan, or sleep (--fault-seconds, once), on
-    --fault-rank at --fault-step."""
+    """Fault injection for tests: raise, kill (SIGKILL), stop (SIGSTOP), segfault (a crash in native code), nan, or
+    sleep (--fault-seconds, once), on --fault-rank at --fault-step."""
     fault_rank: int = 1
     """Rank that suffers the fault."""
     fault_step: int = 5
@@ -68,6 +68,9 @@ class _Faults:
                 os.kill(os.getpid(), signal.SIGKILL)
             if cfg.fault == "stop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if cfg.fault == "segfault":
+                import ctypes
+                ctypes.string_at(0)  # reads address 0: SIGSEGV
             if cfg.fault == "nan":
                 x = np.full_like(x, np.nan)
         return x, y

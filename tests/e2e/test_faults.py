@@ -59,6 +59,19 @@ def test_failing_worker_is_reported_first_with_its_rank(tmp_path):
     assert "Traceback" in rank1 and (errors / "rank-0.txt").exists()
 
 
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_native_crash_ends_the_job_with_the_rank_and_its_python_stack(framework, tmp_path):
+    out = tmp_path / "run"
+    result, seconds = tiny(out, "--framework", framework, "--epochs", "50", "--fault", "segfault", "--fault-step", "10",
+                           "--resume", "never")
+    assert result.returncode != 0 and seconds < 60, describe(result)
+    assert "Process 1 exit with status code 139" in result.output, describe(result)
+    at = result.output.find("[1]<stderr>:Fatal Python error: Segmentation fault")
+    assert at >= 0 and "tiny_recipe.py\", line" in result.output[at:] and " in __call__" in result.output[at:], \
+        describe(result)
+    assert leftovers(out) == []
+
+
 def test_stalled_worker_is_named_instead_of_hanging(tmp_path):
     out = tmp_path / "run"
     result, seconds = tiny(out, "--epochs", "500", "--fault", "stop", "--fault-step", "30", "--stall-timeout", "10",
