@@ -72,19 +72,6 @@ def assert_same_on_every_rank(backend, values: np.ndarray, what: str):
         assert mean[f"s{i}"] == pytest.approx(float(v) ** 2, rel=1e-12, abs=1e-12), f"{what} differs across ranks"
 
 
-@pytest.fixture(autouse=True)
-def finish_queued_collectives(framework):
-    """MXNet runs Horovod's ops later on its engine: each test's must finish, and its objects be freed, while
-    Horovod runs and before the next test starts (a segfault under mpirun was seen otherwise)."""
-    yield
-    if framework == "mxnet":
-        import gc
-        import mxnet as mx
-        mx.nd.waitall()
-        gc.collect()
-        mx.nd.waitall()
-
-
 def pytest_sessionfinish(session, exitstatus):
     """Stop Horovod in order (after MXNet's queued ops) rather than during interpreter exit."""
     import sys
