@@ -59,8 +59,9 @@ imagenet-synthetic: install
 
 # Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
 # sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
-# bandwidth and fusion settings, Horovod against MXNet's parameter server, and the ImageNet input pipelines (ImageFolder on PyTorch, RecordIO on MXNet) on a
-# generated photo folder with ResNet-18 at 64 px. docs/benchmarks.md explains the figures.
+# bandwidth and fusion settings, Horovod against MXNet's parameter server, and the ImageNet input pipelines
+# (ImageFolder on PyTorch, RecordIO on MXNet) on a generated photo folder with ResNet-18 at 64 px.
+# docs/benchmarks.md explains the figures.
 BENCH_STEPS ?= 200
 BENCH_PHOTOS := runs/bench/photos
 BENCH_INPUT := --image-size 64 --model resnet18_v1b --batch-size 8 --num-workers 1 --data-dir $(BENCH_PHOTOS)
