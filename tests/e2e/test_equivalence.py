@@ -2,15 +2,23 @@
 
 With the same global batch (the padded shards of 2 ranks interleave to exactly the samples of one rank's batch) and the
 same effective learning rate (base_lr x world size), the two runs take the same optimizer steps on the same samples.
-They differ only in float summation order (one mean over 64 versus the average of two means over 32, and 2 threads
-versus 1 per convolution). Measured here: the first epoch's losses agree to 2e-7 relative (bound: 1e-5); training
-amplifies the rounding differences, to about 3e-4 after the second epoch (bound: 2e-3).
+They differ only in float32 rounding: one mean over 64 versus the average of two means over 32, and the convolution
+kernels the CPU's library picks for a batch of 64 with 2 threads versus a batch of 32 with 1 thread. How far that
+moves the result depends on the processor: the first epoch's val_loss agreed to 3e-7 relative on an AMD EPYC and to
+2.4e-4 on an Intel Xeon (22 SGD steps amplify each step's ~1e-7 rounding, and more so after the second epoch). The
+bounds sit far above that and far below what a real fault moves. Measured on this recipe (AMD EPYC), np=2 with the
+learning rate doubled (what an allreduce that sums instead of averaging gives) or halved (an unscaled rate) moved
+val_loss by 118% / 57% (torch) and 172% / 65% (MXNet) after epoch 1, and by 10% / 13% (torch) and 23% / 1.9% (MXNet)
+after epoch 2. Step counts and learning rates are compared exactly: the same arithmetic on both sides.
 Dropout and augmentation are off: their random draws depend on how samples are split across ranks.
 """
 import pytest
 
 from tests.e2e.conftest import read_metrics
 from tests.helpers import PY, describe, horovodrun, run
+
+BOUNDS = (1e-2, 1.5e-2)
+"""Relative bounds on the difference of the np=1 and np=2 losses after epochs 1 and 2 (see the module docstring)."""
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
@@ -26,8 +34,7 @@ def test_np1_and_np2_give_the_same_loss_curve(framework, digits, tmp_path):
         assert result.returncode == 0, describe(result)
         curves[np_] = read_metrics(out)
     assert len(curves[1]) == len(curves[2]) == 2
-    for (one, two), rel in zip(zip(curves[1], curves[2]), (1e-5, 2e-3)):
-        assert two["lr"] == pytest.approx(one["lr"])
-        assert two["global_step"] == one["global_step"]
-        assert two["train_loss"] == pytest.approx(one["train_loss"], rel=rel), (one, two)
-        assert two["val_loss"] == pytest.approx(one["val_loss"], rel=rel), (one, two)
+    for one, two, bound in zip(curves[1], curves[2], BOUNDS):
+        assert two["lr"] == one["lr"] and two["global_step"] == one["global_step"]
+        assert two["train_loss"] == pytest.approx(one["train_loss"], rel=bound), (one, two)
+        assert two["val_loss"] == pytest.approx(one["val_loss"], rel=bound), (one, two)

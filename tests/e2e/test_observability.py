@@ -18,8 +18,9 @@ ROW = re.compile(r"^\s+(\d+)\s+\S+\s+\d+\s+\d+\s+\w+\s.*$")  # rank host pid ste
 @pytest.mark.parametrize("framework,extra", [("torch", []), ("mxnet", ["--profile-steps", "1"])])
 def test_phase_times_add_up_to_the_step_and_find_the_data_wait(tmp_path, framework, extra):
     out = tmp_path / "out"
-    # 20 ms of "data loading" per batch (the tiny recipe sleeps in its dataset): the data phase must carry it.
-    r = run(horovodrun(2, *hvdtrain("recipe", TINY, "--framework", framework, "--epochs", "2", "--step-sleep", "0.02",
+    # 100 ms of "data loading" per batch (the tiny recipe sleeps in its dataset): the data phase must carry it. The
+    # other phases of this tiny MLP take about 1 ms each, and up to 30 ms were seen on a loaded 2-core machine.
+    r = run(horovodrun(2, *hvdtrain("recipe", TINY, "--framework", framework, "--epochs", "2", "--step-sleep", "0.1",
                                     "--output-dir", str(out), *extra)), timeout=180)
     assert r.returncode == 0, describe(r)
     for rec in read_metrics(str(out)):
@@ -28,7 +29,7 @@ def test_phase_times_add_up_to_the_step_and_find_the_data_wait(tmp_path, framewo
         assert rec["phase_clock"] == ("synchronized" if extra else "host")
         # The phases cover the whole step: their sum is within 10% of the step time measured apart from them.
         assert sum(phases.values()) == pytest.approx(rec["step_seconds"], rel=0.10), rec
-        assert phases["data"] >= 0.018, rec
+        assert phases["data"] >= 0.1, rec  # every step sleeps 100 ms while loading: never less
         assert phases["data"] == max(phases[p] for p in PHASES if p != "allreduce"), rec
         assert {s["rank"] for s in rec["phase_slowest"].values()} <= {0, 1}
     assert "step " in r.stdout and "data " in r.stdout  # the per-epoch phase line

@@ -29,8 +29,8 @@ def test_phases_partition_the_step_and_tell_the_observer():
     means = timer.local_means()
     assert timer.steps == 2
     assert sum(means.values()) * 2 == pytest.approx(elapsed, rel=0.02)
+    # Each phase holds at least its own sleep (a sleep never ends early; on a loaded machine it may end late).
     assert means["data"] >= 0.02 and means["forward"] >= 0.01 and means["allreduce"] >= 0.005
-    assert means["data"] > means["forward"] > means["allreduce"]
     assert seen[:6] == ["data", "forward", "backward", "allreduce", "step", "other"]
 
 
