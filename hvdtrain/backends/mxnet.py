@@ -20,15 +20,16 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import warnings
+import sys
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
+from ..loss_scale import DynamicLossScale
 from ..vision import RecordIODataset
-from .base import Backend, cpu_threads_per_rank, horovod_environment, preload_image_codecs
+from .base import Backend, estimated_threads, horovod_environment, preload_image_codecs
 
 
 def _launcher_local_size() -> int:
@@ -37,6 +38,58 @@ def _launcher_local_size() -> int:
         if value.isdigit():
             return int(value)
     return 1
+
+
+GPU_STAND_IN = "HVDTRAIN_GPU_STAND_IN"
+"""Environment variable: with ``1`` and no GPU, each rank runs on ``mx.cpu(local_rank + 1)``, a context other than
+MXNet's default standing in for ``mx.gpu(local_rank)``, so that tests on a CPU catch anything left on ``cpu(0)``."""
+
+
+def rank_context(mx, local_rank: int):
+    """The rank's MXNet context: its GPU by local rank, else the CPU (or the CPU stand-in, see GPU_STAND_IN)."""
+    if mx.context.num_gpus() > 0:
+        return mx.gpu(local_rank)
+    if os.environ.get(GPU_STAND_IN) == "1":
+        return mx.cpu(local_rank + 1)
+    return mx.cpu()
+
+
+def place_parameters(mx, params, ctx) -> None:
+    """Every parameter on ``ctx``, keeping the initialiser the recipe chose.
+
+    A recipe initialises its network without a context (it knows no device): parameters whose shape is known then
+    land on MXNet's default context, cpu(0), and deferred ones are bound to it. They are moved (or re-bound, keeping
+    their initialiser) to the rank's context. Parameters the recipe did not initialise get PyTorch's default,
+    uniform(+-1/sqrt(fan_in)) weights (kaiming_uniform with a=sqrt(5)), so one recipe starts alike on both frameworks.
+    A second ``initialize`` on the whole network would not do: Gluon ignores it for initialised parameters (which stay
+    on cpu(0)) and replaces the initialiser of deferred ones.
+    """
+    default = mx.init.Xavier(rnd_type="uniform", factor_type="in", magnitude=1)
+    for p in params.values():
+        # Gluon has no public "is initialised" test: _data (initialised) or _deferred_init (waiting for a shape).
+        if p._data is not None or p._deferred_init:
+            p.reset_ctx(ctx)
+        else:
+            p.initialize(default_init=default, ctx=ctx)
+
+
+def resolve_shapes(mx, model, sample_shape, ctx) -> None:
+    """Give every deferred parameter its shape and initial value, from the shape of one sample.
+
+    A HybridBlock infers shapes from its graph without running: a forward pass would change state (BatchNorm's
+    running variance moves from 1 towards the batch's). A plain Block can only be run, in training mode: an
+    inference-mode pass lets MKLDNN reorder the weights in place into its own layout, and a broadcast into such an
+    array would write bytes in the wrong layout.
+    """
+    x = mx.nd.zeros((1,) + tuple(sample_shape), ctx=ctx)
+    if isinstance(model, mx.gluon.HybridBlock):
+        model.infer_shape(x)
+        for p in model.collect_params().values():
+            if p._deferred_init:  # what Gluon does at the first forward pass, done now
+                p._finish_deferred_init()
+        return
+    with mx.autograd.train_mode():
+        model(x).wait_to_read()
 
 
 def _flatten_state(state) -> List[Any]:
@@ -60,6 +113,8 @@ class MXNetBackend(Backend):
         self.hvd = self.mx = None
         self.model = self.trainer = self.loss_fn = None
         self.ctx = None
+        self.scaler: Optional[DynamicLossScale] = None
+        self.dtype = "float32"
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
@@ -67,7 +122,7 @@ class MXNetBackend(Backend):
             raise ConfigError("--adasum is supported on --framework torch only (horovod.mxnet has no Adasum trainer)")
         # Horovod: ranks on one host share its cores (horovod#2804). MXNet reads OMP_NUM_THREADS when its engine
         # starts, so it is set from the launcher's local size before mxnet is imported, and set again after init.
-        self.threads = cpu_threads_per_rank(_launcher_local_size(), cfg.threads)
+        self.threads = estimated_threads(_launcher_local_size(), cfg.threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
@@ -81,13 +136,16 @@ class MXNetBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        self.threads = cpu_threads_per_rank(self.local_size, cfg.threads)
+        self.threads = self.threads_per_rank(cfg.threads)
         import ctypes
         mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))
         # Horovod: one GPU per process, chosen by local rank.
-        self.ctx = mx.gpu(self.local_rank) if mx.context.num_gpus() > 0 else mx.cpu()
-        self.device = self.ctx
+        self.ctx = self.device = rank_context(mx, self.local_rank)
+        self.on_gpu = self.ctx.device_type == "gpu"
         self.precision = cfg.precision
+        # Every batch is cast to the network's type (float16 networks take float16 data).
+        self.dtype = "float16" if cfg.precision == "fp16" else "float32"
+        self.scaler = DynamicLossScale() if cfg.dynamic_loss_scale() else None
         if cfg.precision == "bf16":
             from mxnet.contrib import amp
             # AMP rewrites operators as they are created: before the network is built.
@@ -99,16 +157,9 @@ class MXNetBackend(Backend):
         self.loss_fn = loss_fn or self._cross_entropy(cfg.label_smoothing)
         self.accumulate = cfg.accumulate
         params = model.collect_params()
-        # Layers the recipe did not initialise get PyTorch's default: uniform(+-1/sqrt(fan_in)) weights
-        # (kaiming_uniform with a=sqrt(5)), so one recipe starts alike on both frameworks. Pretrained weights are kept.
-        with warnings.catch_warnings():  # "already initialized, ignoring": exactly what is meant
-            warnings.simplefilter("ignore", UserWarning)
-            model.initialize(mx.init.Xavier(rnd_type="uniform", factor_type="in", magnitude=1), ctx=self.ctx)
+        place_parameters(mx, params, self.ctx)
         if sample_shape is not None:  # resolve deferred shapes before the broadcast
-            # In training mode: an inference-mode pass lets MKLDNN reorder the weights in place into its own
-            # layout, and a broadcast into such an array would write bytes in the wrong layout.
-            with mx.autograd.train_mode():
-                model(mx.nd.zeros((1,) + tuple(sample_shape), ctx=self.ctx)).wait_to_read()
+            resolve_shapes(mx, model, sample_shape, self.ctx)
         if cfg.precision == "fp16":  # float16 network, float32 master weights in the optimizer
             model.cast("float16")
         model.hybridize(static_alloc=True)
@@ -160,9 +211,13 @@ class MXNetBackend(Backend):
         # an op still pending when Horovod shuts down aborts the process (seen under mpirun).
         self.mx.nd.waitall()
         counts = self.broadcast_object({"num_update": opt.num_update,
-                                        "index": {str(k): v for k, v in opt._index_update_count.items()}}
+                                        "index": {str(k): v for k, v in opt._index_update_count.items()},
+                                        "scaler": self.scaler.state_dict() if self.scaler else None}
                                        if self.rank == 0 else None)
         self._set_update_counts(counts["num_update"], {int(k): v for k, v in counts["index"].items()})
+        if self.scaler is not None:
+            # Horovod: the loss scale too, so every rank scales and skips alike.
+            self.scaler.load_state_dict(counts["scaler"])
 
     def _set_update_counts(self, num_update: int, per_index: Dict[int, int]) -> None:
         """Restore the optimizer's update counts (Adam's bias correction and schedulers read them).
@@ -182,9 +237,13 @@ class MXNetBackend(Backend):
     def synchronize(self) -> None:
         self.mx.nd.waitall()
 
-    def shutdown(self) -> None:
+    def shutdown(self, failed: bool = False) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
-            self.mx.nd.waitall()  # no Horovod op may still be queued on MXNet's engine when Horovod stops
+            try:
+                self.mx.nd.waitall()  # no Horovod op may still be queued on MXNet's engine when Horovod stops
+            except Exception:  # noqa: BLE001 - after a failure, a queued op rethrows it here: already reported
+                if not failed:
+                    raise
             self.hvd.shutdown()
 
     # --- steps -----------------------------------------------------------------------------------------------------
@@ -203,6 +262,7 @@ class MXNetBackend(Backend):
     def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
         autograd = self.mx.autograd
         total, samples, phases = None, 0, self.phases
+        scale = self.scaler.scale if self.scaler is not None else 1.0
         for x, y in micro_batches:
             phases.enter("forward")
             if mix is not None:  # mixup with the batch in reverse order
@@ -212,8 +272,9 @@ class MXNetBackend(Backend):
                 loss = self.loss_fn(logits, y)  # per-sample losses; backward sums their gradients
                 if mix is not None:
                     loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(axis=0))
+                scaled = loss * scale if scale != 1.0 else loss
             phases.enter("backward")
-            loss.backward()
+            scaled.backward()
             mean = loss.mean() / len(micro_batches)
             total = mean if total is None else total + mean
             samples += x.shape[0]
@@ -222,12 +283,22 @@ class MXNetBackend(Backend):
         phases.enter("allreduce")
         self.trainer.allreduce_grads()
         phases.enter("step")
-        # Gluon divides the summed gradients by `samples`: the mean over the whole (accumulated) batch.
-        self.trainer.update(samples)
+        # Loss scaling: the gradients are looked at after the allreduce, so every rank sees the same ones and skips
+        # (or takes) the step together; a skipped step halves the scale.
+        if self.scaler is None or self.scaler.update(self._gradients_finite()):
+            # Gluon divides the summed gradients by `samples` (and by the loss scale): the mean over the whole
+            # (accumulated) batch.
+            self.trainer.update(samples * scale)
         if self.accumulate > 1:
             for p in self.trainer._params:
                 p.zero_grad()
         return {"loss": total}
+
+    def _gradients_finite(self) -> bool:
+        grads = [p.grad(self.ctx) for p in self.trainer._params if p.grad_req != "null"]
+        nd = self.mx.nd
+        finite = nd.multi_all_finite(*grads, num_arrays=len(grads), init_output=True)
+        return bool(finite.asscalar() > 0)
 
     def eval_step(self, batch: Any) -> Dict[str, Any]:
         nd = self.mx.nd
@@ -249,32 +320,47 @@ class MXNetBackend(Backend):
     def get_lr(self) -> float:
         return float(self.trainer.learning_rate)
 
-    def seed(self, seed: int, framework: bool = True) -> None:
+    def seed(self, seed: int) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)
-        if framework:  # costly: about 8% of a small network's step when done every step
-            self.mx.random.seed(seed % 2 ** 31, ctx="all")
+        self.mx.random.seed(seed % 2 ** 31, ctx="all")
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):
         x, y = batch
         nd = self.mx.nd
         x = x.as_in_context(self.ctx) if isinstance(x, nd.NDArray) else nd.array(x, ctx=self.ctx)
-        if self.precision == "fp16":
-            x = x.astype("float16")
+        if x.dtype != np.dtype(self.dtype):
+            x = x.astype(self.dtype)
         y = (y.as_in_context(self.ctx) if isinstance(y, nd.NDArray) else nd.array(y, ctx=self.ctx)).astype("float32")
         return x, y
+
+    def check_data(self, train_set: Any, cfg) -> None:
+        if self._reads_records(train_set) and cfg.checkpoint_every_steps:
+            raise ConfigError("--checkpoint-every-steps is not available when MXNet trains from RecordIO: its C++ "
+                              "ImageRecordIter shuffles and augments in threads of its own, so a position inside an "
+                              "epoch cannot be replayed on resume; checkpoint at epoch ends (the default), or train "
+                              "from an ImageFolder (--data-format imagefolder)")
+
+    @staticmethod
+    def _reads_records(dataset: Any) -> bool:
+        """True for a training set that MXNet reads with its C++ ImageRecordIter."""
+        return isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train
 
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:
         nd = self.mx.nd
         if isinstance(dataset, Synthetic):
-            x = nd.random.normal(shape=(batch_size,) + dataset.shape, ctx=self.ctx)
+            x = nd.random.normal(shape=(batch_size,) + dataset.shape, ctx=self.ctx, dtype=self.dtype)
             y = nd.random.randint(0, dataset.num_classes, shape=(batch_size,), ctx=self.ctx).astype("float32")
             return ((x, y) for _ in range(len(sampler) // batch_size))
         if isinstance(dataset, ArrayDataset):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
-        if isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train:
+        if self._reads_records(dataset):
+            if getattr(sampler, "offset", 0) and self.rank == 0:
+                print("hvdtrain: warning: resuming inside an epoch from RecordIO on MXNet: the rest of the epoch reads "
+                      "the record file in a fresh order (the C++ reader's order and augmentation cannot be replayed)",
+                      file=sys.stderr, flush=True)
             return self._record_iter(dataset, len(sampler) // batch_size, batch_size)
         loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
@@ -292,8 +378,8 @@ class MXNetBackend(Backend):
             batch_size=batch_size, shuffle=True, seed=dataset.seed + dataset.epoch,
             # Horovod: each rank reads its own part of the record file.
             num_parts=self.size, part_index=self.rank,
-            random_resized_crop=True, min_random_area=0.08, max_random_area=1.0,
-            min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=True,
+            random_resized_crop=True, min_random_area=t.min_area, max_random_area=1.0,
+            min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=t.flip,
             mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2],
             preprocess_threads=self.threads, round_batch=True)
         done = 0
@@ -337,8 +423,11 @@ class MXNetBackend(Backend):
                 states[by_id[id(p)]] = [a.asnumpy() for a in _flatten_state(updater.states[i])]
         counts = {by_id[id(p)]: opt._index_update_count[i] for i, p in enumerate(self.trainer._params)
                   if i in opt._index_update_count}
-        return {"model": {name: p.data(self.ctx).asnumpy() for name, p in params.items()},
-                "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts}}
+        state = {"model": {name: p.data(self.ctx).asnumpy() for name, p in params.items()},
+                 "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts}}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         nd = self.mx.nd
@@ -363,3 +452,5 @@ class MXNetBackend(Backend):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
         self._set_update_counts(state["optimizer"]["num_update"],
                                 {index[id(params[n])]: int(c) for n, c in state["optimizer"]["index_update_count"].items()})
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])

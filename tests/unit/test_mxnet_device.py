@@ -1,0 +1,58 @@
+"""MXNet placement without a GPU: a context other than cpu(0) stands in for the rank's GPU (``mx.cpu(1)`` for
+``mx.gpu(0)``), so anything left on MXNet's default context fails here as it would on a GPU. In process, no Horovod."""
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mxnet")
+
+from hvdtrain.backends.mxnet import MXNetBackend, place_parameters, resolve_shapes  # noqa: E402
+from hvdtrain.data import ArrayDataset, Synthetic  # noqa: E402
+from recipes.imagenet import ImageNetConfig, ImageNetTrainer  # noqa: E402
+
+STAND_IN = mx.cpu(1)
+
+
+def imagenet_net():
+    trainer = ImageNetTrainer(ImageNetConfig(framework="mxnet", model="resnet18_v1b", image_size=32, num_classes=10,
+                                             synthetic=True, output_dir="unused"))
+    return trainer.build_mxnet()
+
+
+def test_recipe_network_lands_on_the_rank_context_with_the_recipes_initialiser():
+    net = imagenet_net()
+    params = net.collect_params()
+    place_parameters(mx, params, STAND_IN)
+    resolve_shapes(mx, net, (3, 32, 32), STAND_IN)
+    assert {str(c) for p in params.values() for c in p.list_ctx()} == {"cpu(1)"}, "a parameter stayed elsewhere"
+    # GluonCV's ImageNet initialiser (He: gaussian, fan-in, magnitude 2) kept for the deferred convolutions,
+    # not replaced by the backend's default (uniform, magnitude 1: a standard deviation sqrt(6) times smaller)
+    for name, p in params.items():
+        if name.endswith("weight") and len(p.shape) == 4 and np.prod(p.shape) > 10000:
+            w = p.data(STAND_IN).asnumpy()
+            assert w.std() == pytest.approx(np.sqrt(2 / np.prod(w.shape[1:])), rel=0.1), name
+    # resolving shapes ran nothing: BatchNorm's running variance is still its initial 1
+    running = [p for n, p in params.items() if n.endswith("running_var")]
+    assert running and all((p.data(STAND_IN).asnumpy() == 1).all() for p in running)
+    net.hybridize(static_alloc=True)
+    with mx.autograd.record():
+        out = net(mx.nd.ones((2, 3, 32, 32), ctx=STAND_IN))
+    out.backward()
+    assert out.context == STAND_IN and out.shape == (2, 10)
+
+
+def test_layers_the_recipe_left_uninitialised_get_the_default_on_the_rank_context():
+    net = mx.gluon.nn.Dense(4, in_units=3)
+    place_parameters(mx, net.collect_params(), STAND_IN)
+    assert net.weight.list_ctx() == [STAND_IN] and np.abs(net.weight.data(STAND_IN).asnumpy()).max() > 0
+
+
+@pytest.mark.parametrize("precision, dtype", [("fp32", np.float32), ("fp16", np.float16)])
+def test_every_batch_has_the_networks_dtype(precision, dtype):
+    backend = MXNetBackend()
+    backend.mx, backend.ctx, backend.precision = mx, STAND_IN, precision
+    backend.dtype = "float16" if precision == "fp16" else "float32"
+    synthetic = next(backend.loader(Synthetic(8, (3, 4, 4), 10), range(8), 4, drop_last=True))
+    arrays = ArrayDataset(np.zeros((8, 3, 4, 4), np.float32), np.zeros(8, np.int64))
+    real = next(backend.loader(arrays, range(8), 4, drop_last=True))
+    for x, y in (synthetic, real):
+        assert x.dtype == dtype and x.context == STAND_IN and y.context == STAND_IN
