@@ -12,7 +12,8 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
 - ``eval_step(batch)``: sums (loss, correct, count) for one batch.
 - ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
   ``allreduce_mean`` (metrics across ranks, returned as floats) and ``allgather_floats``.
-- ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled).
+- ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled);
+  ``broadcast_tree``: a nested state with numpy arrays, in the checkpoint format.
 - ``set_lr`` / ``get_lr``, ``seed``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
 - ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
 """
@@ -21,25 +22,73 @@ from __future__ import annotations
 import abc
 import json
 import os
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+import socket
+import zlib
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ..phases import PhaseTimer
 
 
-def cpu_threads_per_rank(local_size: int, requested: int = 0) -> int:
-    """CPU threads for one rank: the cores this process may use divided by the ranks on this host.
+def own_cores() -> FrozenSet[int]:
+    """The CPU cores this process may run on (its affinity: what a launcher's binding or cgroup allows)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return frozenset(range(os.cpu_count() or 1))
 
-    Every rank defaulting to all cores oversubscribes the CPU (horovod#2804: 3x slower).
+
+def cpu_threads_per_rank(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
+                         slurm_cpus: int = 0) -> int:
+    """CPU threads for one rank: the cores it may use, divided among the ranks of its host that may use them too.
+
+    ``mine``: this rank's cores; ``host_ranks``: the cores of every rank on the host (this one included). Ranks that
+    share their cores (a launcher that binds nothing: every rank may use every core) split them, since each using
+    all of them oversubscribes the CPU (horovod#2804: 3x slower). Ranks bound to cores of their own (``mpirun
+    --bind-to core``, ``srun --cpu-bind=cores --cpus-per-task=8``) each use all of theirs. ``slurm_cpus``
+    (SLURM_CPUS_PER_TASK) caps the count at what Slurm allotted the task. ``requested`` (--threads) wins.
     """
     if requested > 0:
         return requested
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_size))
+    sharing = sum(1 for cores in host_ranks if cores & mine) or 1
+    threads = max(1, len(mine) // sharing)
+    return min(threads, slurm_cpus) if slurm_cpus > 0 else threads
+
+
+def slurm_cpus_per_task() -> int:
+    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() else 0
+
+
+def estimated_threads(local_size: int, requested: int = 0) -> int:
+    """:func:`cpu_threads_per_rank` before the ranks can talk (MXNet reads its thread count when imported): ranks
+    whose affinity is the whole machine are taken to share it; a rank bound to fewer cores to own them."""
+    mine = own_cores()
+    unbound = len(mine) >= (os.cpu_count() or len(mine))
+    return cpu_threads_per_rank(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task())
+
+
+MAX_CORES_COMPARED = 1024
+"""Cores beyond this index are not compared between ranks (they still count for the rank's own threads)."""
+
+
+def host_key() -> float:
+    """A number naming this host (its hostname's CRC-32), exact in a float64."""
+    return float(zlib.crc32(socket.gethostname().encode()))
+
+
+def encode_cores(cores: FrozenSet[int]) -> List[float]:
+    """A core set as MAX_CORES_COMPARED / 32 floats of 32 bits each (exact in float64), for an allgather."""
+    words = [0] * (MAX_CORES_COMPARED // 32)
+    for c in cores:
+        if c < MAX_CORES_COMPARED:
+            words[c // 32] |= 1 << (c % 32)
+    return [float(w) for w in words]
+
+
+def decode_cores(words: Sequence[float]) -> FrozenSet[int]:
+    return frozenset(i * 32 + b for i, w in enumerate(words) for b in range(32) if int(w) >> b & 1)
 
 
 def horovod_environment(cfg) -> None:
@@ -84,6 +133,8 @@ class Backend(abc.ABC):
     local_size: int = 1
     device: Any = None
     threads: int = 1
+    on_gpu: bool = False
+    """True when the rank computes on a GPU."""
     asynchronous: bool = False
     """True when the host returns before the device has finished (MXNet's engine, CUDA): host clocks then measure
     launches, not work."""
@@ -99,8 +150,9 @@ class Backend(abc.ABC):
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         ...
 
-    def shutdown(self) -> None:
-        """Release Horovod's background thread; safe to call twice."""
+    def shutdown(self, failed: bool = False) -> None:
+        """Stop Horovod in order (its background thread; MXNet's queued operations first); safe to call twice.
+        ``failed``: after an error, when queued work may itself fail and must not stop the shutdown."""
 
     def synchronize(self) -> None:
         """Wait until the device has finished the work queued so far (for exact phase times)."""
@@ -113,6 +165,24 @@ class Backend(abc.ABC):
     def stop_timeline(self) -> None:
         self.synchronize()  # the window's collectives are finished and recorded before it closes
         self.hvd.stop_timeline()
+
+    def threads_per_rank(self, requested: int = 0) -> int:
+        """:func:`cpu_threads_per_rank` from every rank's cores (one collective: every rank's host and affinity)."""
+        if requested > 0:
+            return requested
+        mine = own_cores()
+        rows = self.allgather_floats([host_key()] + encode_cores(mine))
+        here = [decode_cores(row[1:]) for row in rows if row[0] == rows[self.rank][0]]
+        return cpu_threads_per_rank(mine, here, 0, slurm_cpus_per_task())
+
+    def lr_workers(self, cfg) -> int:
+        """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the
+        linear rule of Goyal et al.). With Adasum, Horovod's guidance: 1 on the CPU, where every rank's update is
+        combined by Adasum, and the ranks per host on GPUs, where a host's GPUs average (NCCL) before Adasum combines
+        the hosts."""
+        if cfg.adasum:
+            return self.local_size if self.on_gpu else 1
+        return self.size
 
     # --- steps -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -137,10 +207,13 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def seed(self, seed: int, framework: bool = True) -> None:
-        """Seed Python's and numpy's generators and, with ``framework``, the framework's own (dropout masks)."""
+    def seed(self, seed: int) -> None:
+        """Seed Python's, numpy's and the framework's generators (dropout masks)."""
 
     # --- data ------------------------------------------------------------------------------------------------------
+    def check_data(self, train_set: Any, cfg) -> None:
+        """Refuse (ConfigError) settings this backend cannot honour with this training set."""
+
     @abc.abstractmethod
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:
@@ -177,6 +250,13 @@ class Backend(abc.ABC):
         """A JSON-able value from ``root`` to every rank (other ranks pass anything, e.g. None)."""
         data = json.dumps(obj).encode() if self.rank == root else None
         return json.loads(self.broadcast_bytes(data, root).decode())
+
+    def broadcast_tree(self, tree: Any, root: int = 0) -> Any:
+        """A nested state (dicts, lists, numpy arrays, plain values) from ``root`` to every rank, in one broadcast of
+        the checkpoint format: arrays plus a JSON skeleton, never a pickle."""
+        from .. import checkpoint
+        data = checkpoint.serialize(tree) if self.rank == root else None
+        return checkpoint.deserialize(self.broadcast_bytes(data, root), source=f"the state broadcast by rank {root}")
 
     # --- state -----------------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend, cpu_threads_per_rank, horovod_environment, preload_image_codecs
+from .base import Backend, estimated_threads, horovod_environment, preload_image_codecs
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -58,16 +59,21 @@ class TorchBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        if cfg.adasum and self.size > 1 and not hvd.mpi_enabled():
+            # Horovod implements Adasum on MPI only; on Gloo the first step fails ("No Adasum operation enabled").
+            raise ConfigError("--adasum needs Horovod's MPI controller: launch with mpirun (or horovodrun --mpi); "
+                              "Gloo has no Adasum")
         if torch.cuda.is_available():
             # Horovod: one GPU per process, chosen by local rank.
             torch.cuda.set_device(self.local_rank)
             self.device = torch.device("cuda", self.local_rank)
-            self.asynchronous = True
+            self.on_gpu = self.asynchronous = True
         else:
             self.device = torch.device("cpu")
-        # Horovod: ranks on one host share its cores; all-cores-each oversubscribes them (horovod#2804).
+        # Horovod: ranks on one host that share cores split them; all-cores-each oversubscribes them (horovod#2804).
         self.cfg_threads = cfg.threads
-        self.threads = cpu_threads_per_rank(self.local_size, cfg.threads)
+        self.threads = self.threads_per_rank(cfg.threads) if not cfg.elastic else \
+            estimated_threads(self.local_size, cfg.threads)  # elastic: a joining worker runs no extra collective
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
 
@@ -96,18 +102,24 @@ class TorchBackend(Backend):
             gradient_predivide_factor=cfg.predivide)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
-        if cfg.precision == "fp16":
+        if cfg.dynamic_loss_scale():
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
 
     def broadcast_state(self) -> None:
-        # Horovod: every rank starts from rank 0's weights, buffers and optimizer state (momentum, step counts).
+        # Horovod: every rank starts from rank 0's weights and buffers.
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        self.hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-        if self.scaler is not None:
-            # Horovod: the loss scale too, so every rank unscales by the same factor.
-            self.scaler.load_state_dict(self.broadcast_object(self.scaler.state_dict() if self.rank == 0 else None))
+        # Horovod: and from its optimizer state (momentum, step counts) and loss scale, as arrays plus JSON.
+        # hvd.broadcast_optimizer_state is not used: it pickles its scalars, and on a fresh optimizer it takes a step
+        # with zero gradients to create the state (weight decay then moves every weight before training starts).
+        ours = {"optimizer": _to_numpy(self.optimizer.state_dict()),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None} if self.rank == 0 else None
+        received = self.broadcast_tree(ours)
+        if self.rank != 0:
+            self.optimizer.load_state_dict(_to_torch(received["optimizer"]))
+            if self.scaler is not None:
+                self.scaler.load_state_dict(received["scaler"])
 
     # --- elastic ---------------------------------------------------------------------------------------------------
     def run_elastic(self, trainer) -> Any:
@@ -124,7 +136,7 @@ class TorchBackend(Backend):
         def on_reset():
             self.rank, self.size = hvd.rank(), hvd.size()
             self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-            self.threads = cpu_threads_per_rank(self.local_size, self.cfg_threads)
+            self.threads = estimated_threads(self.local_size, self.cfg_threads)
             torch.set_num_threads(self.threads)
             print(f"hvdtrain: [rank {self.rank}] elastic reset: {self.size} worker(s) now", flush=True)
 
@@ -150,7 +162,7 @@ class TorchBackend(Backend):
         # Horovod: raises HostsUpdatedInterrupt when workers were added; the run restarts from the commit.
         self._elastic_state.check_host_updates()
 
-    def shutdown(self) -> None:
+    def shutdown(self, failed: bool = False) -> None:
         if self.hvd is not None and self.hvd.is_initialized():
             self.hvd.shutdown()
 
@@ -227,11 +239,10 @@ class TorchBackend(Backend):
     def get_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def seed(self, seed: int, framework: bool = True) -> None:
+    def seed(self, seed: int) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)
-        if framework:
-            torch.manual_seed(seed)
+        torch.manual_seed(seed)
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):
