@@ -13,7 +13,7 @@ from typing import List, Optional
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, help_text, parse_overrides
-from .faults import explain_failure, is_collective_failure
+from .faults import JobFailed, report_line
 
 USAGE = """usage: python -m hvdtrain COMMAND ...
 
@@ -39,9 +39,7 @@ def launcher_rank() -> Optional[str]:
 
 
 def _error(msg: str) -> None:
-    rank = launcher_rank()
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    print(f"{prefix}hvdtrain: error: {msg}", file=sys.stderr, flush=True)
+    report_line(launcher_rank(), msg)
 
 
 def cmd_recipe(argv: List[str]) -> int:
@@ -55,26 +53,10 @@ def cmd_recipe(argv: List[str]) -> int:
         return 0
     cfg = parse_overrides(cls.config_class, argv[1:])
     trainer = cls(cfg)
-    try:
-        record = trainer.fit()
-    except Exception as e:  # noqa: BLE001 - recorded, explained, then reported by main()
-        if trainer.reporter is None or isinstance(e, (ConfigError, CheckpointError)):
-            raise
-        path = trainer.reporter.record_error(e)
-        if not is_collective_failure(e):
-            raise
-        # Horovod's own message ("Horovod has been shut down", a Gloo timeout) hides the cause: name it instead.
-        why = explain_failure(trainer.cfg.output_dir, trainer.reporter.rank)
-        _error(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "
-               + (why if why else "the cause is on another rank: see its output above")
-               + f"; this rank's traceback: {path}")
-        return 1
-    finally:
-        if trainer.reporter is not None:
-            trainer.reporter.stop()
+    record = trainer.fit()  # a failure is recorded, reported and Horovod stopped there; main() sets the exit status
     # An orderly stop of Horovod (and of MXNet's queued ops) before the interpreter tears libraries down.
     trainer.backend.shutdown()
-    if trainer.backend is not None and trainer.backend.rank == 0:
+    if trainer.backend.rank == 0:
         metrics = os.path.join(trainer.cfg.output_dir, "metrics.jsonl")
         if record is not None and record.get("val_accuracy") is not None:
             print(f"hvdtrain: done: val_accuracy {100 * record['val_accuracy']:.2f}% after epoch "
@@ -141,12 +123,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         return 130
+    except JobFailed:  # stopped because another rank failed: Trainer.fit() named that rank in one line
+        return 1
     except Exception as e:  # noqa: BLE001 - the real error, with its rank, instead of a hang or a bare exit
         rank = launcher_rank()
         prefix = f"[rank {rank}] " if rank is not None else ""
         tb = traceback.format_exc().rstrip().splitlines()
         print("\n".join(prefix + line for line in tb), file=sys.stderr, flush=True)
-        _error(f"{type(e).__name__}: {e}")
+        if not getattr(e, "hvdtrain_reported", False):  # Trainer.fit() has already printed its one line
+            _error(f"{type(e).__name__}: {e}")
         return 1
 
 

@@ -67,6 +67,9 @@ class TrainConfig:
     """Stop mixup for the last N epochs."""
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """Numerical precision of the forward and backward pass."""
+    loss_scale: Literal["auto", "dynamic", "none"] = "auto"
+    """Loss scaling: dynamic (scale the loss, skip steps whose gradients overflow on any rank, adapt the scale),
+    none, or auto: dynamic with --precision fp16, none otherwise."""
     fp16_allreduce: bool = False
     """Compress gradients to fp16 for the allreduce (Horovod's Compression.fp16)."""
     accumulate: int = 1
@@ -156,8 +159,17 @@ class TrainConfig:
             raise ConfigError(f"--profile-steps must be 0 or more, got {self.profile_steps}")
         if self.adasum and self.predivide != 1.0:
             raise ConfigError("--predivide cannot be combined with --adasum")
+        if self.adasum and self.dynamic_loss_scale():
+            # Adasum combines each rank's own update inside the optimizer step; a rank whose local gradients
+            # overflowed would skip that step (and its collectives) while the others run it: a hang.
+            raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
+                              "dynamic): use --precision bf16 or fp32 with --adasum")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
+
+    def dynamic_loss_scale(self) -> bool:
+        """Whether the backend scales the loss dynamically (--loss-scale, resolved against --precision)."""
+        return self.loss_scale == "dynamic" or (self.loss_scale == "auto" and self.precision == "fp16")
 
     def timeline_window(self) -> Optional[Tuple[int, int]]:
         """(A, B) of --timeline-steps (or its default when only --timeline is set); None: no timeline."""

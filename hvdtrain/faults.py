@@ -24,6 +24,23 @@ COLLECTIVE_FAILURE_MARKERS = ("Horovod has been shut down", "Timed out waiting",
                               "Connection closed by peer", "HorovodInternalError", "Broken pipe")
 
 
+class JobFailed(RuntimeError):
+    """This rank stopped because the job's collectives failed; the message names the rank that failed first (or
+    stalled, or was cut off) and its error."""
+
+
+def report_line(rank: Optional[int], message: str) -> None:
+    """One line on stderr, prefixed with the rank: ``[rank N] hvdtrain: error: MESSAGE``."""
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    print(f"{prefix}hvdtrain: error: {message}", file=sys.stderr, flush=True)
+
+
+def mark_reported(exc: BaseException, rank: Optional[int], message: str) -> None:
+    """Report ``exc`` in one line and mark it, so that the command line does not report it a second time."""
+    report_line(rank, message)
+    exc.hvdtrain_reported = True  # type: ignore[attr-defined]
+
+
 def is_collective_failure(exc: BaseException) -> bool:
     """True when ``exc`` only says that the job's collectives broke (the cause is on another rank)."""
     text = f"{type(exc).__name__}: {exc}"

@@ -28,7 +28,7 @@ from .backends import make_backend
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, steps_per_epoch
-from .faults import RankReporter
+from .faults import JobFailed, RankReporter, explain_failure, is_collective_failure, mark_reported
 from .phases import PHASES, PhaseTimer, summarize
 from .report import autotune_best, format_autotune
 
@@ -76,9 +76,47 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------------------------
     def fit(self) -> Optional[Dict[str, Any]]:
-        """Set up and train ``cfg.epochs`` epochs (resuming per ``cfg.resume``); returns the last epoch's record."""
-        self.setup()
-        return self.train()
+        """Set up and train ``cfg.epochs`` epochs (resuming per ``cfg.resume``); returns the last epoch's record.
+
+        A failure on this rank is written to OUTPUT_DIR/errors/rank-N.txt and named in one line on stderr, and
+        Horovod is shut down in order before the exception propagates. When this rank stopped only because the job's
+        collectives broke, :class:`~hvdtrain.faults.JobFailed` is raised instead, naming the rank that failed first
+        and its error (read from the other ranks' error files and heartbeats).
+        """
+        try:
+            self.setup()
+            return self.train()
+        except BaseException as e:
+            failure = self._failed(e)
+            if failure is not None:
+                raise failure from e
+            raise
+        finally:
+            if self.reporter is not None:
+                self.reporter.stop()
+
+    def _failed(self, e: BaseException) -> Optional[BaseException]:
+        """Record and report a failure of fit() (see there); returns the exception to raise instead, if any."""
+        try:
+            if self.reporter is None or isinstance(e, (ConfigError, checkpoint.CheckpointError, KeyboardInterrupt)):
+                return None  # a one-line user error (the same on every rank), or an interrupt: nothing to explain
+            path = self.reporter.record_error(e)
+            rank = self.reporter.rank
+            if not is_collective_failure(e):
+                mark_reported(e, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300] + f" (traceback: {path})")
+                return None
+            # Horovod's own message ("Horovod has been shut down", a Gloo timeout) hides the cause: name it instead.
+            why = explain_failure(self.cfg.output_dir, rank)
+            failure = JobFailed(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "
+                                + (why if why else "the cause is on another rank: see its output above")
+                                + f"; this rank's traceback: {path}")
+            mark_reported(failure, rank, str(failure))
+            return failure
+        finally:
+            # Horovod: stop in order (MXNet's queued ops first) rather than at interpreter exit; the other ranks then
+            # see the shutdown at once instead of waiting for a timeout.
+            if self.backend is not None:
+                self.backend.shutdown(failed=True)
 
     def setup(self) -> None:
         """Start Horovod, build data and model, broadcast rank 0's state, and resume from a checkpoint if any."""
@@ -96,6 +134,7 @@ class Trainer:
         self._timeline = "off"
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self._datasets()
+        backend.check_data(self.train_set, cfg)
         loss = getattr(self, f"loss_{backend.name}", None)
         backend.setup(self._framework_hook("build")(), cfg, loss_fn=loss() if loss else None,
                       sample_shape=self._sample_shape(self.train_set))
@@ -162,10 +201,9 @@ class Trainer:
             self.reporter.step = self.global_step  # the heartbeat's phase comes from the timer, as it is entered
             self._timeline_window(after_step=False)
             self.phases.begin_step(self.global_step + 1)
-            # Every random number of a step derives from (seed, epoch, position, rank): a resume replays them. The
-            # framework's generator (costly to reseed on MXNet) is reseeded where a run can resume: at the start of
-            # this loop (an epoch, or a resumed position) and after each mid-epoch checkpoint or elastic commit.
-            backend.seed(self._rank_seed(epoch, position), framework=i == 0 or self._resume_point())
+            # Every random number of a step derives from (seed, epoch, position, rank), the framework's too (dropout):
+            # a run stopped after any step (--max-steps, a kill) and resumed there draws what it would have drawn.
+            backend.seed(self._rank_seed(epoch, position))
             lr = self.lr_at(epoch + position / len(train_set))
             backend.set_lr(lr)
             mix = float(np.random.default_rng([cfg.seed, epoch, position]).beta(cfg.mixup, cfg.mixup)) \
@@ -182,7 +220,7 @@ class Trainer:
                 logged = backend.allreduce_mean({k: v / done for k, v in sums.items()})
                 for cb in self.callbacks:
                     cb.on_log(self, self.global_step, logged)
-            if i + 1 < steps and bad == 0:
+            if i + 1 < steps:
                 self._mid_epoch_save(epoch, position + global_batch)
             self.phases.end_step()
             self._timeline_window(after_step=True)
@@ -190,14 +228,19 @@ class Trainer:
                 break
         train_seconds = time.perf_counter() - start
         self.reporter.progress(self.global_step, "metrics")
-        train = backend.allreduce_mean({k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0})
-        timing = self._phase_summary(train_seconds / max(done, 1))
+        means = {k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0}
+        # Horovod: the training metrics averaged over ranks, and with them whether any rank saw a non-finite loss
+        # since the last checkpoint (its gradients were averaged into every rank's weights).
+        train = backend.allreduce_mean({**means, "nonfinite": float(self._nonfinite_seen)})
+        healthy = self._decided_healthy(train.pop("nonfinite") == 0)
         self.reporter.progress(self.global_step, "eval")
-        record = {"epoch": epoch + 1, "train_loss": train["loss"], **self.evaluate(),
-                  "images_per_sec": done * global_batch / train_seconds,
-                  "epoch_seconds": time.perf_counter() - start, "lr": lr, "world_size": backend.size,
+        val = self.evaluate()
+        timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start)
+        record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
+                  "images_per_sec": done * global_batch / slowest["train_seconds"],
+                  "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
                   "framework": backend.name, "global_step": self.global_step, **timing}
-        if is_root and bad == 0:  # never a checkpoint of weights that produced a non-finite loss
+        if is_root and healthy:  # never a checkpoint of weights that a non-finite loss may have reached
             if done == steps:
                 self.save_checkpoint(epoch + 1)
             else:  # --max-steps ended the epoch early
@@ -214,9 +257,10 @@ class Trainer:
         cfg = self.cfg
         if cfg.elastic and cfg.commit_every and self.global_step % cfg.commit_every == 0:
             self.commit(epoch, offset)
-        if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0 \
-                and self.backend.rank == 0:
-            self.save_checkpoint(epoch, offset)
+        if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0:
+            # Horovod: every rank takes part in the decision, rank 0 writes.
+            if self._healthy_everywhere() and self.backend.rank == 0:
+                self.save_checkpoint(epoch, offset)
 
     def commit(self, epoch: int, offset: int, check: bool = True) -> None:
         """Elastic mode: remember this position (and the backend's model and optimizer) as the point to roll back
@@ -236,13 +280,16 @@ class Trainer:
             self.val_sampler.rank, self.val_sampler.size = b.rank, b.size
         self.reporter.rank = b.rank
 
-    def _phase_summary(self, step_seconds: float) -> Dict[str, Any]:
-        """This epoch's per-phase step times: every rank's means (and its measured time per step) gathered in one
-        collective, then averaged, with the slowest rank of each phase (see :mod:`hvdtrain.phases`)."""
+    def _timing(self, train_seconds: float, steps: int, epoch_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
+        """This epoch's per-phase step times: every rank's means, its training time and its time for the whole
+        epoch gathered in one collective; the phases averaged, with the slowest rank of each (see
+        :mod:`hvdtrain.phases`), and the slowest rank's training and epoch time, which is the job's."""
         local = self.phases.local_means()
-        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [step_seconds])
+        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds])
         clock = "synchronized" if self.cfg.profile_steps else "launch" if self.backend.asynchronous else "host"
-        return summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[-1] for row in rows])
+        n = len(PHASES)
+        timing = summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[n] / max(steps, 1) for row in rows])
+        return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}
 
     def _timeline_window(self, after_step: bool, end: bool = False) -> None:
         """--timeline-steps A:B: start Horovod's timeline before global step A, stop it after step B (or at the
@@ -292,7 +339,7 @@ class Trainer:
     def lr_at(self, epoch: float) -> float:
         cfg = self.cfg
         return schedule.learning_rate(
-            epoch, base_lr=cfg.base_lr, world_size=self.backend.size, accumulate=cfg.accumulate,
+            epoch, base_lr=cfg.base_lr, world_size=self.backend.lr_workers(cfg), accumulate=cfg.accumulate,
             warmup_epochs=cfg.warmup_epochs, total_epochs=cfg.epochs, mode=cfg.lr_mode,
             milestones=cfg.lr_milestones, decay=cfg.lr_decay, power=cfg.lr_power)
 
@@ -303,13 +350,20 @@ class Trainer:
 
     def save_checkpoint(self, epoch: int, offset: int = 0) -> str:
         """Rank 0: write a checkpoint atomically and keep the newest K. ``epoch`` epochs are complete, plus the
-        first ``offset`` samples of the next one's order."""
+        first ``offset`` samples of the next one's order. Returns its path ("" when the weights are not finite and
+        nothing was written)."""
         self.reporter.progress(self.global_step, "checkpoint")
         state = {"trainer": {"epoch": epoch, "offset": offset, "global_step": self.global_step,
                              "recipe": self.name,
                              "framework": self.backend.name, "world_size": self.backend.size,
                              "config": json.loads(self.cfg.to_json())},
                  "backend": self.backend.state_dict()}
+        bad = [name for name, value in state["backend"]["model"].items()
+               if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all()]
+        if bad:  # a NaN gradient that left the loss finite: the weights are gone, the last checkpoint is kept
+            print(f"hvdtrain: warning: not writing a checkpoint at step {self.global_step}: parameter {bad[0]} (and "
+                  f"{len(bad) - 1} more) holds NaN or infinite values", file=sys.stderr, flush=True)
+            return ""
         path = checkpoint.save(self.checkpoint_dir, epoch, self.global_step, state)
         checkpoint.prune(self.checkpoint_dir, self.cfg.keep_checkpoints)
         return path
@@ -409,12 +463,6 @@ class Trainer:
             raise RuntimeError("the data loader ran out of batches before the end of the epoch; every rank must "
                                "run the same number of steps") from None
 
-    def _resume_point(self) -> bool:
-        """True when the step about to run follows a mid-epoch checkpoint or an elastic commit."""
-        cfg, step = self.cfg, self.global_step
-        return bool(cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0) or \
-            bool(cfg.elastic and cfg.commit_every and step % cfg.commit_every == 0)
-
     def _reached_max_steps(self) -> bool:
         return bool(self.cfg.max_steps) and self.global_step >= self.cfg.max_steps
 
@@ -426,13 +474,31 @@ class Trainer:
     FINITE_CHECK_EVERY = 10
     """Steps between the collective decisions of the non-finite-loss guard (a collective per step cost ~15%)."""
 
+    _nonfinite_seen = False
+    """This rank saw a non-finite training loss since the last checkpoint decision."""
+
+    def _healthy_everywhere(self) -> bool:
+        """Horovod: whether no rank has seen a non-finite loss since the last decision (one scalar allreduce, on
+        every rank); the same answer everywhere."""
+        total = self.backend.allreduce_sum({"nonfinite": float(self._nonfinite_seen)})["nonfinite"]
+        return self._decided_healthy(total == 0)
+
+    def _decided_healthy(self, healthy: bool) -> bool:
+        if not healthy and self.backend.rank == 0:
+            print(f"hvdtrain: warning: a rank saw a non-finite training loss before step {self.global_step}: no "
+                  f"checkpoint is written from these weights", file=sys.stderr, flush=True)
+        self._nonfinite_seen = False
+        return healthy
+
     def _check_finite(self, loss, bad: int) -> int:
         """Count this rank's consecutive non-finite losses; every FINITE_CHECK_EVERY steps all ranks decide together
         (one tiny allreduce) and the job stops once any rank has seen --max-bad-steps in a row."""
+        finite = math.isfinite(self.backend.scalar(loss))
+        self._nonfinite_seen = self._nonfinite_seen or not finite
         limit = self.cfg.max_bad_steps
         if not limit:
             return 0
-        bad = 0 if math.isfinite(self.backend.scalar(loss)) else bad + 1
+        bad = 0 if finite else bad + 1
         if self.global_step % self.FINITE_CHECK_EVERY == 0:
             # Horovod: the same decision on every rank, from the worst rank.
             over = self.backend.allreduce_sum({"over_limit": 1.0 if bad >= limit else 0.0})["over_limit"]
@@ -456,7 +522,7 @@ class Trainer:
                         "threads_per_rank": b.threads, "steps_per_epoch": steps,
                         "global_batch": cfg.batch_size * cfg.accumulate * b.size}
             json.dump(resolved, f, indent=2, sort_keys=True)
-        target = schedule.scaled_lr(cfg.base_lr, b.size, cfg.accumulate)
+        target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)
         print(f"hvdtrain: {self.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
               f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
               + f" = {cfg.batch_size * cfg.accumulate * b.size}; lr {cfg.base_lr:g} -> {target:g}; "
