@@ -25,12 +25,15 @@ EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 
 
 class ImageTransform:
-    """train: random-resized-crop to ``size`` (area 8%-100%, aspect 3/4-4/3) and a horizontal flip;
-    val: resize the shorter side to ``resize`` and center-crop ``size``. Then scale to [0, 1] and normalize."""
+    """train: random-resized-crop to ``size`` (area ``min_area``-100% of the image, aspect 3/4-4/3) and, with
+    ``flip``, a horizontal flip; val: resize the shorter side to ``resize`` and center-crop ``size``. Then scale to
+    [0, 1] and normalize."""
 
     def __init__(self, train: bool, size: int = 224, resize: int = 256,
-                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD):
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, min_area: float = 0.08,
+                 flip: bool = True):
         self.train, self.size, self.resize = train, size, resize
+        self.min_area, self.flip = min_area, flip
         self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
 
@@ -39,7 +42,7 @@ class ImageTransform:
         w, h = img.size
         area = w * h
         for _ in range(10):
-            target = area * rng.uniform(0.08, 1.0)
+            target = area * rng.uniform(self.min_area, 1.0)
             aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
             cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
             if 0 < cw <= w and 0 < ch <= h:
@@ -62,7 +65,7 @@ class ImageTransform:
         from PIL import Image
         if self.train:
             img = self._random_resized_crop(img, rng)
-            if rng.random() < 0.5:
+            if rng.random() < 0.5 and self.flip:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)
         else:
             img = self._resize_center_crop(img)

@@ -55,6 +55,11 @@ class ImageNetConfig(TrainConfig):
     """Side of the training and validation crops."""
     val_resize: int = 256
     """Validation images are resized to this shorter side, then center-cropped to --image-size."""
+    min_crop_area: float = 0.08
+    """Training crops cover between this fraction of the image and all of it (Inception-style random-resized-crop;
+    raise it for small images, whose objects fill the frame)."""
+    flip: bool = True
+    """Flip training images horizontally at random (--no-flip for data whose mirror image is another class)."""
 
     def __post_init__(self):
         if self.base_lr == 0.0:
@@ -65,6 +70,8 @@ class ImageNetConfig(TrainConfig):
         if self.image_size < 16 or self.val_resize < self.image_size:
             raise ConfigError(f"--image-size must be at least 16 and --val-resize at least --image-size, got "
                               f"{self.image_size} and {self.val_resize}")
+        if not 0 < self.min_crop_area <= 1:
+            raise ConfigError(f"--min-crop-area must be in (0, 1], got {self.min_crop_area}")
         if self.num_classes < 0:
             raise ConfigError(f"--num-classes must be 0 (auto) or more, got {self.num_classes}")
 
@@ -119,7 +126,8 @@ class ImageNetTrainer(Trainer):
 
     def datasets(self):
         cfg, d = self.cfg, self.cfg.data_dir
-        train_t = ImageTransform(train=True, size=cfg.image_size, resize=cfg.val_resize)
+        train_t = ImageTransform(train=True, size=cfg.image_size, resize=cfg.val_resize, min_area=cfg.min_crop_area,
+                                 flip=cfg.flip)
         val_t = ImageTransform(train=False, size=cfg.image_size, resize=cfg.val_resize)
         if self._format() == "imagefolder":
             return (ImageFolder(os.path.join(d, "train"), train_t, seed=cfg.seed),
