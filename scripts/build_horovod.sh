@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the Horovod wheel for this virtual environment and install it.
 #
-#   scripts/build_horovod.sh PYTHON
+#   scripts/build_horovod.sh PYTHON                 build or reuse, then install
+#   scripts/build_horovod.sh PYTHON --print-key     print the wheel-cache key of this environment, build nothing
 #
 # Horovod 0.28.1 is built from the PyPI sdist against the torch and mxnet already installed in PYTHON's
 # environment (--no-build-isolation), with PyTorch, MXNet, Gloo and, when Open MPI is found, MPI.
@@ -18,8 +19,8 @@
 #      The trace line is written before the op is queued.
 #
 # The wheel is cached in ${XDG_CACHE_HOME:-~/.cache}/hvdtrain/horovod/KEY/, where KEY covers everything the binary
-# depends on: Horovod, torch, mxnet and Python versions, the platform, HOROVOD_GPU_OPERATIONS, whether MPI was found
-# (and its version), and this script's own text. A cached wheel is installed only when its recorded sha256 matches and
+# depends on: Horovod, torch, mxnet and Python versions, the platform, every HOROVOD_* build variable (names and values),
+# whether MPI was found (and its version), and this script's own text. A cached wheel is installed only when its recorded sha256 matches and
 # the installed Horovod then reports the frameworks and controllers it was meant to have; otherwise the entry is
 # removed and the wheel rebuilt.
 #
@@ -66,8 +67,16 @@ EOF
 read -r torch_v mxnet_v py_tag plat <<<"$versions"
 gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
 script_hash=$(sha256sum "$0" | cut -c1-12)
-key="horovod-${HOROVOD_VERSION}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_build-${script_hash}"
+# Every HOROVOD_* variable the user set changes what is built (HOROVOD_GPU_OPERATIONS, HOROVOD_CUDA_HOME,
+# HOROVOD_NCCL_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_WITHOUT_GLOO, ...): all of them, names and values, are hashed
+# into the key. They are read here, before this script exports its own.
+build_env=$( { env | grep '^HOROVOD_' || true; } | LC_ALL=C sort | sha256sum | cut -c1-12)
+key="horovod-${HOROVOD_VERSION}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_env-${build_env}_build-${script_hash}"
 key=$(echo "$key" | tr '+/ ' '___')
+if [ "${2:-}" = "--print-key" ]; then
+  echo "$key"
+  exit 0
+fi
 cache_root=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/horovod}
 entry="$cache_root/$key"
 

@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -137,6 +138,53 @@ def test_non_finite_loss_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_pa
     state = checkpoint.load(newest)
     assert state["trainer"]["global_step"] <= 8
     assert all(map(lambda v: bool(abs(v).max() < 1e6), state["backend"]["model"].values()))
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+def test_a_nan_on_another_rank_never_reaches_a_checkpoint(framework, where, tmp_path):
+    # 4 steps an epoch. Rank 1 alone sees NaN inputs from the step just before a checkpoint (the last step of epoch
+    # 2, or step 6 with a checkpoint every 2 steps): its NaN gradient is averaged into every rank's weights while rank
+    # 0's own loss was still finite. No rank may write those weights; the newest checkpoint stays the one before.
+    out = tmp_path / "run"
+    extra = ["--fault-step", "8"] if where == "epoch-end" else ["--fault-step", "6", "--checkpoint-every-steps", "2"]
+    result, _ = tiny(out, "--framework", framework, "--epochs", "50", "--fault", "nan", "--max-bad-steps", "3",
+                     "--resume", "never", *extra)
+    assert result.returncode != 0, describe(result)
+    assert "NaN or infinite for at least 3 steps in a row" in result.output, describe(result)
+    assert "no checkpoint is written from these weights" in result.output, describe(result)
+    for path in checkpoint.list_checkpoints(str(out / "checkpoints")):
+        state = checkpoint.load(path)
+        assert state["trainer"]["global_step"] < int(extra[1]), path
+        assert all(np.isfinite(v).all() for v in state["backend"]["model"].values()), path
+
+
+FIT_FROM_PYTHON = """
+import sys
+from tests.tiny_recipe import TinyConfig, TinyTrainer
+TinyTrainer(TinyConfig(framework=sys.argv[1], output_dir=sys.argv[2], epochs=50, fault="raise", fault_step=6,
+                       resume="never")).fit()
+"""
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_trainer_fit_from_python_fails_loudly_like_the_command_line(framework, tmp_path):
+    # The README's subclassing path: a script that calls fit(). The failing rank names its error; the other stops
+    # at once with the rank that failed; every rank records its error and stops Horovod in order.
+    script = tmp_path / "train.py"
+    script.write_text(FIT_FROM_PYTHON)
+    out = tmp_path / "run"
+    start = time.monotonic()
+    result = run(horovodrun(2, PY, str(script), framework, str(out)), timeout=120)
+    assert result.returncode != 0 and time.monotonic() - start < 60, describe(result)
+    text = result.output
+    assert "[rank 1] hvdtrain: error: ValueError: injected failure at batch 6" in text, describe(result)
+    assert "[rank 0] hvdtrain: error: stopped because the job's collectives failed" in text, describe(result)
+    assert "the first failure was on rank 1" in text and "JobFailed" in text, describe(result)
+    rank1 = json.loads((out / "errors" / "rank-1.txt").read_text().splitlines()[0])
+    assert rank1["error"] == "ValueError: injected failure at batch 6" and not rank1["collective"]
+    assert json.loads((out / "errors" / "rank-0.txt").read_text().splitlines()[0])["collective"]
+    assert leftovers(out) == []
 
 
 def test_more_ranks_than_samples_is_a_one_line_error_on_every_rank(tmp_path):

@@ -1,6 +1,9 @@
-"""The ImageNet recipe on real photographs (tiles of scikit-learn's two sample JPEGs, two classes), 2 ranks.
+"""The ImageNet recipe on real images, 2 ranks: the embedded digits written as an ImageFolder of PNGs and packed as
+RecordIO (scripts/idx_to_imagefolder.py, scripts/make_recordio.py): 10 classes, so top-5 accuracy means something.
 
-Small resolution (32 px) and ResNet-18 keep it CPU-sized; ResNet-50 itself runs in the synthetic test."""
+Small resolution (32 px), ResNet-18 and 48 images per class keep it CPU-sized; ResNet-50 itself runs in the synthetic
+test. Each variant must get far above chance (10% top-1, 50% top-5): a broken decode, label order or allreduce stays
+near chance."""
 import os
 import shutil
 import subprocess
@@ -11,18 +14,17 @@ import pytest
 from tests.e2e.conftest import read_metrics
 from tests.helpers import PY, ROOT, describe, horovodrun, run
 
-SMALL = ["--model", "resnet18_v1b", "--image-size", "32", "--val-resize", "36", "--batch-size", "8",
-         "--warmup-epochs", "1", "--last-gamma", "--num-workers", "1", "--resume", "never"]
-# GluonCV's ResNet-18 is less stable than torchvision's at this tiny scale (16 images a step, 8 steps an epoch).
-LR = {"torch": "0.01", "mxnet": "0.003"}
+SMALL = ["--model", "resnet18_v1b", "--image-size", "32", "--val-resize", "32", "--min-crop-area", "0.6",
+         "--no-flip", "--batch-size", "16", "--warmup-epochs", "1", "--last-gamma", "--num-workers", "1",
+         "--resume", "never", "--base-lr", "0.01"]
 
 
 @pytest.fixture(scope="module")
-def photos(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("photos")
-    rec = tmp_path_factory.mktemp("photos_rec")
-    for script, args in (("make_photo_folder.py", [str(folder), "--tile", "64", "--train-per-class", "64",
-                                                   "--val-per-class", "32"]),
+def images(digits, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("digit_images")
+    rec = tmp_path_factory.mktemp("digit_records")
+    for script, args in (("idx_to_imagefolder.py", [digits, str(folder), "--size", "32", "--train-per-class", "48",
+                                                    "--val-per-class", "16"]),
                          ("make_recordio.py", [str(folder), str(rec)])):
         subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), *args], check=True,
                        capture_output=True, timeout=120)
@@ -36,22 +38,31 @@ def train(tmp_path, *args):
     return read_metrics(out)
 
 
-@pytest.mark.parametrize("framework, fmt, precision, extra, above_chance", [
-    ("torch", "imagefolder", "fp32", [], True),
-    ("torch", "imagefolder", "fp16", ["--no-wd", "--label-smoothing", "0.1"], False),
-    ("mxnet", "imagefolder", "fp32", [], True),
-    ("mxnet", "recordio", "bf16", ["--mixup", "0.2", "--mixup-off-epoch", "1"], False),
+@pytest.mark.parametrize("framework, fmt, precision, extra", [
+    ("torch", "imagefolder", "fp32", []),
+    ("torch", "recordio", "bf16", ["--no-wd", "--label-smoothing", "0.1"]),
+    ("mxnet", "imagefolder", "fp32", []),
+    ("mxnet", "recordio", "bf16", ["--mixup", "0.2", "--mixup-off-epoch", "1"]),
 ])
-def test_photos_train_on_2_ranks(framework, fmt, precision, extra, above_chance, photos, tmp_path):
-    folder, rec = photos
-    data = ["--data-dir", folder] if fmt == "imagefolder" else ["--data-dir", rec, "--num-classes", "2"]
-    epochs = "3" if precision == "fp16" else "6"  # PyTorch's fp16 on the CPU is slow
-    records = train(tmp_path, "--framework", framework, "--precision", precision, "--epochs", epochs,
-                    "--base-lr", LR[framework], *SMALL, *data, *extra)
-    assert min(r["train_loss"] for r in records[1:]) < records[0]["train_loss"], records  # the loss falls
-    assert records[-1]["val_top5"] == 1.0  # two classes: top-5 is trivially right, and reported
-    if above_chance:
-        assert max(r["val_accuracy"] for r in records[-3:]) >= 0.75, records
+def test_images_train_far_above_chance_on_2_ranks(framework, fmt, precision, extra, images, tmp_path):
+    folder, rec = images
+    data = ["--data-dir", folder] if fmt == "imagefolder" else ["--data-dir", rec, "--num-classes", "10"]
+    records = train(tmp_path, "--framework", framework, "--precision", precision, "--epochs", "4", *SMALL, *data,
+                    *extra)
+    assert records[-1]["train_loss"] < records[0]["train_loss"], records
+    best = max(records[-2:], key=lambda r: r["val_accuracy"])
+    assert best["val_accuracy"] >= 0.4 and best["val_top5"] >= 0.75, records  # chance: 0.1 and 0.5
+    assert all(r["val_top5"] >= r["val_accuracy"] for r in records)
+
+
+def test_mxnet_refuses_mid_epoch_checkpoints_from_recordio(images, tmp_path):
+    _, rec = images
+    result = run(horovodrun(2, PY, "-m", "hvdtrain", "recipe", "imagenet", "--framework", "mxnet", "--data-dir", rec,
+                            "--num-classes", "10", *SMALL, "--checkpoint-every-steps", "5", "--output-dir",
+                            str(tmp_path / "out")), timeout=180)
+    assert result.returncode != 0, describe(result)
+    assert "--checkpoint-every-steps is not available when MXNet trains from RecordIO" in result.output
+    assert "] Traceback" not in result.output
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
@@ -63,12 +74,12 @@ def test_synthetic_resnet50_reports_throughput(framework, tmp_path):
     assert record["global_step"] == 3 and record["images_per_sec"] > 0 and record["val_loss"] is None
 
 
-def test_a_corrupt_image_fails_the_job_and_names_the_file(photos, tmp_path):
-    folder, _ = photos
+def test_a_corrupt_image_fails_the_job_and_names_the_file(images, tmp_path):
+    folder, _ = images
     broken = tmp_path / "data"
     shutil.copytree(folder, broken)
-    victim = sorted((broken / "train" / "china").iterdir())[0]
-    victim.write_bytes(victim.read_bytes()[:200])  # truncated JPEG
+    victim = sorted((broken / "train" / "3-3").iterdir())[0]
+    victim.write_bytes(victim.read_bytes()[:60])  # truncated PNG
     result = run(horovodrun(2, PY, "-m", "hvdtrain", "recipe", "imagenet", "--framework", "torch", "--data-dir",
                             str(broken), "--epochs", "1", *SMALL, "--num-workers", "0", "--output-dir",
                             str(tmp_path / "out")), timeout=300)

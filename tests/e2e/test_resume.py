@@ -1,9 +1,13 @@
-"""Resume: a run stopped after epoch 2 and resumed ends bitwise equal to an uninterrupted run (CPU).
+"""Resume: a run stopped after any step and resumed ends bitwise equal to an uninterrupted run (CPU).
 
 Bitwise is achievable because everything a step depends on is restored or replayed: weights and optimizer state come
-from the checkpoint (broadcast from rank 0), the sampler's order depends only on (seed, epoch), and every rank reseeds
-its random generators from (seed, epoch, rank) at the start of each epoch, so dropout and augmentation draw the same
-numbers after a resume as without one.
+from the checkpoint (broadcast from rank 0), the sampler's order depends only on (seed, epoch) and the position in it
+is stored as samples consumed, and every rank reseeds its random generators (the framework's too: dropout) from
+(seed, epoch, position, rank) before each step, so dropout and augmentation draw the same numbers after a resume as
+without one, wherever the run stopped.
+
+The MXNet case runs with HVDTRAIN_GPU_STAND_IN=1: each rank on mx.cpu(local_rank + 1), a context other than MXNet's
+default standing in for mx.gpu(local_rank), through setup, training, evaluation, checkpoint and resume.
 """
 import os
 
@@ -27,20 +31,25 @@ def flat(tree, prefix=""):
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_stopped_and_resumed_equals_uninterrupted(framework, digits, tmp_path):
+def test_stopped_at_any_step_and_resumed_equals_uninterrupted(framework, digits, tmp_path):
+    stand_in = {"HVDTRAIN_GPU_STAND_IN": "1"} if framework == "mxnet" else {}
+
     def train(out, *extra):
         cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--data-dir", digits,
                "--epochs", "4", "--output-dir", out, *extra]
-        result = run(horovodrun(2, *cmd), timeout=240)
+        result = run(horovodrun(2, *cmd), timeout=240, **stand_in)
         assert result.returncode == 0, describe(result)
+        if stand_in:
+            assert " on cpu(1);" in result.output, "rank 0 runs on the stand-in context"
         return result
 
     full, split = str(tmp_path / "full"), str(tmp_path / "split")
     train(full, "--resume", "never")
-    train(split, "--resume", "never", "--max-steps", "44")  # 22 steps per epoch at np=2: stops after epoch 2
+    # 22 steps per epoch at np=2: step 37 is inside epoch 2, and no checkpoint interval ends there
+    train(split, "--resume", "never", "--max-steps", "37")
     assert [r["epoch"] for r in read_metrics(split)] == [1, 2]
     resumed = train(split)  # --resume auto is the default
-    assert "resuming from" in resumed.output and "e0002" in resumed.output
+    assert "resuming from" in resumed.output and "(epoch 1, step 37)" in resumed.output, describe(resumed)
     assert [r["epoch"] for r in read_metrics(split)] == [1, 2, 3, 4]
 
     a = checkpoint.load(checkpoint.latest_valid(os.path.join(full, "checkpoints")))
