@@ -2,8 +2,9 @@
 #   make install   .venv with the pinned stack and a Horovod built for it (cached wheel after the first build)
 #   make demo      install, then train MNIST-format digits on 2 Horovod workers
 #   make test      install, then run the test suite
-# GPU hosts: TORCH_SPEC / TORCH_INDEX / MXNET_SPEC choose the framework builds,
-#   e.g. make install TORCH_INDEX=https://<your torch wheel index>/cu121 MXNET_SPEC=mxnet-cu112==1.9.1 HOROVOD_GPU_OPERATIONS=NCCL
+# FRAMEWORKS (default "torch mxnet") chooses what is installed and what Horovod is built for; GPU hosts choose the
+# framework builds with TORCH_SPEC / TORCH_INDEX / MXNET_SPEC and one framework per environment (README, GPU hosts),
+#   e.g. make install FRAMEWORKS=torch VENV=.venv-gpu TORCH_INDEX=https://<your torch wheel index>/cu128 HOROVOD_GPU_OPERATIONS=NCCL
 
 PYTHON      ?= python3.11
 VENV        ?= .venv
@@ -13,6 +14,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 MXNET_SPEC  ?= mxnet==1.9.1
 GLUONCV_SPEC ?= gluoncv==0.10.5.post0
+FRAMEWORKS  ?= torch mxnet
 NP          ?= 2
 DATA        ?= data/digits
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q -c $(CONSTRAINTS)
@@ -20,6 +22,9 @@ PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q 
 ifdef HOROVOD_GPU_OPERATIONS
 export HOROVOD_GPU_OPERATIONS
 endif
+export HVDTRAIN_FRAMEWORKS := $(FRAMEWORKS)
+FRAMEWORK_SPECS := $(if $(filter torch,$(FRAMEWORKS)),"$(TORCH_SPEC)") \
+	$(if $(filter mxnet,$(FRAMEWORKS)),"$(MXNET_SPEC)" "$(GLUONCV_SPEC)")
 
 .PHONY: install deps horovod demo demo-mxnet imagenet-synthetic bench test test-unit data doctor clean
 
@@ -29,7 +34,7 @@ deps: $(VENV)/.deps-stamp
 
 $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)" "$(MXNET_SPEC)" "$(GLUONCV_SPEC)" \
+	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(FRAMEWORK_SPECS) \
 		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test]"
 	@touch $@
 

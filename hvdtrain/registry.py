@@ -9,7 +9,8 @@ from .config import ConfigError
 
 GROUP = "hvdtrain.recipes"
 # The recipes shipped in this repository, for runs from a checkout that was not pip-installed.
-BUILTIN = {"mnist": "recipes.mnist:MNISTTrainer", "imagenet": "recipes.imagenet:ImageNetTrainer"}
+BUILTIN = {"mnist": "recipes.mnist:MNISTTrainer", "fashion-mnist": "recipes.fashion_mnist:FashionMNISTTrainer",
+           "imagenet": "recipes.imagenet:ImageNetTrainer"}
 
 
 def available() -> Dict[str, str]:

@@ -76,13 +76,22 @@ def find_file(data_dir: str, stem: str) -> str:
     return ""
 
 
-def load_split(data_dir: str, images: str, labels: str) -> Tuple[np.ndarray, np.ndarray]:
+def random_flip(images: np.ndarray, labels: np.ndarray):
+    """Mirror each image left-right with probability 1/2 (numpy's global RNG, seeded per step)."""
+    flip = np.random.random(len(images)) < 0.5
+    out = images.copy()
+    out[flip] = images[flip][..., ::-1]
+    return out, labels
+
+
+def load_split(data_dir: str, images: str, labels: str, mean: float = MEAN,
+               std: float = STD) -> Tuple[np.ndarray, np.ndarray]:
     x = read_idx(find_file(data_dir, FILES[images]))
     y = read_idx(find_file(data_dir, FILES[labels]))
     if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
         raise ConfigError(f"{data_dir}: {FILES[images]} has shape {x.shape} and {FILES[labels]} {y.shape}; "
                           f"expected (N, rows, cols) images and N labels")
-    x = ((x.astype(np.float32) / 255.0 - MEAN) / STD)[:, None, :, :]
+    x = ((x.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
     return x, y.astype(np.int64)
 
 
@@ -106,6 +115,10 @@ class MNISTConfig(TrainConfig):
     """Dropout before the classifier."""
     max_shift: int = 2
     """Training augmentation: random translation of up to this many pixels (0: none)."""
+    flip: bool = False
+    """Training augmentation: mirror images left-right at random (right for clothes, wrong for digits)."""
+    batch_norm: bool = False
+    """BatchNorm after each convolution."""
 
     def validate(self) -> None:
         super().validate()
@@ -122,6 +135,11 @@ class MNISTTrainer(Trainer):
     config_class = MNISTConfig
     input_shape = (1, 28, 28)
     num_classes = 10
+    mean, std = MEAN, STD
+    """Normalisation of the [0, 1] pixel values: the training set's mean and standard deviation."""
+    data_hint = ("MNIST IDX files, optionally .gz, published at http://yann.lecun.com/exdb/mnist/; or write the "
+                 "embedded digits with 'python scripts/make_digits_mnist.py {data_dir}'")
+    """Where to get the data, for the error when --data-dir lacks it."""
 
     def check(self) -> None:
         super().check()
@@ -132,25 +150,28 @@ class MNISTTrainer(Trainer):
         if missing:
             where = f"--data-dir {cfg.data_dir}" if os.path.isdir(cfg.data_dir) else \
                 f"--data-dir {cfg.data_dir} does not exist and"
-            raise ConfigError(f"{where} lacks {', '.join(missing)} (MNIST IDX files, optionally .gz, published at "
-                              f"http://yann.lecun.com/exdb/mnist/); or write the embedded digits with "
-                              f"'python scripts/make_digits_mnist.py {cfg.data_dir}'")
+            raise ConfigError(f"{where} lacks {', '.join(missing)} ({self.data_hint.format(data_dir=cfg.data_dir)})")
 
     def datasets(self):
         try:
-            train = load_split(self.cfg.data_dir, "train_images", "train_labels")
-            test = load_split(self.cfg.data_dir, "test_images", "test_labels")
+            train = load_split(self.cfg.data_dir, "train_images", "train_labels", self.mean, self.std)
+            test = load_split(self.cfg.data_dir, "test_images", "test_labels", self.mean, self.std)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        shift = self.cfg.max_shift
-        return ArrayDataset(*train, transform=lambda x, y: random_shift(x, y, shift)), ArrayDataset(*test)
+        shift, flip = self.cfg.max_shift, self.cfg.flip
+
+        def augment(x, y):
+            x, y = random_shift(x, y, shift)
+            return random_flip(x, y) if flip else (x, y)
+        return ArrayDataset(*train, transform=augment), ArrayDataset(*test)
 
     def build_torch(self):
         from torch import nn
         cfg = self.cfg
+        norm = (lambda c: [nn.BatchNorm2d(c)]) if cfg.batch_norm else (lambda c: [])
         return nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 32, 3, padding=1), *norm(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), *norm(64), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(64 * 7 * 7, cfg.hidden), nn.ReLU(), nn.Dropout(cfg.dropout),
             nn.Linear(cfg.hidden, self.num_classes))
 
@@ -158,8 +179,12 @@ class MNISTTrainer(Trainer):
         from mxnet.gluon import nn
         cfg = self.cfg
         net = nn.HybridSequential()
-        net.add(nn.Conv2D(32, 3, padding=1, activation="relu"), nn.MaxPool2D(2),
-                nn.Conv2D(64, 3, padding=1, activation="relu"), nn.MaxPool2D(2),
-                nn.Flatten(), nn.Dense(cfg.hidden, activation="relu"), nn.Dropout(cfg.dropout),
+        for channels in (32, 64):
+            if cfg.batch_norm:  # PyTorch's BatchNorm2d defaults: momentum 0.1 (Gluon's 0.9), epsilon 1e-5
+                net.add(nn.Conv2D(channels, 3, padding=1), nn.BatchNorm(momentum=0.9, epsilon=1e-5),
+                        nn.Activation("relu"), nn.MaxPool2D(2))
+            else:
+                net.add(nn.Conv2D(channels, 3, padding=1, activation="relu"), nn.MaxPool2D(2))
+        net.add(nn.Flatten(), nn.Dense(cfg.hidden, activation="relu"), nn.Dropout(cfg.dropout),
                 nn.Dense(self.num_classes))
         return net

@@ -4,32 +4,34 @@
 #   scripts/build_horovod.sh PYTHON                 build or reuse, then install
 #   scripts/build_horovod.sh PYTHON --print-key     print the wheel-cache key of this environment, build nothing
 #
-# Horovod 0.28.1 is built from the PyPI sdist against the torch and mxnet already installed in PYTHON's
-# environment (--no-build-isolation), with PyTorch, MXNet, Gloo and, when Open MPI is found, MPI.
-# Three fixes are applied to the unpacked sdist: two because 0.28.1 does not build as published against today's tools,
-# one for a crash:
+# Horovod 0.28.1 is built from the PyPI sdist against the frameworks already installed in PYTHON's environment
+# (--no-build-isolation): PyTorch and MXNet by default, or those named by HVDTRAIN_FRAMEWORKS ("torch", "mxnet" or
+# "torch mxnet"; make install FRAMEWORKS=...), with Gloo and, when Open MPI is found, MPI.
+# Three fixes, two because 0.28.1 does not build as published against today's tools, one for a crash:
 #   1. CMake >= 4 rejects the bundled Gloo's cmake_minimum_required: we build with cmake < 4 (installed in the venv)
 #      and also export CMAKE_POLICY_VERSION_MINIMUM=3.5 for hosts whose PATH offers a newer cmake first.
-#   2. torch >= 2.1 headers need C++17 while 0.28.1 compiles as C++14 (horovod#3996, fixed upstream by PR #3998,
-#      never released): CMAKE_CXX_STANDARD is set to 17 in CMakeLists.txt and horovod/torch/CMakeLists.txt.
-#   3. A crash: 0.28.1's EnqueueTensorBroadcast (and Alltoall, Join) writes its trace line "Enqueued NAME" after
-#      handing the op to the background thread, and the stream insert runs at any log level. With horovod.mxnet NAME
-#      lives in the op's parameters, which the completion callback frees, so when the op completes first (at once with
-#      one rank) the log reads freed memory and the process segfaults: about 1 run in 20 of a small MXNet job here.
-#      The trace line is written before the op is queued.
+#   2. and 3. are applied to the unpacked sdist by scripts/patch_horovod.py (its header says why): C++17 for
+#      torch >= 2.1 (horovod#3996), and a use-after-free in the broadcast trace line that crashed MXNet jobs.
+#
+# GPU hosts (HOROVOD_GPU_OPERATIONS=NCCL): nvcc is taken from PATH, else from /usr/local/cuda (HOROVOD_CUDA_HOME);
+# the CUDA architectures from the GPUs nvidia-smi lists (HOROVOD_BUILD_CUDA_CC_LIST, e.g. 90 for H100/H200: faster
+# than every architecture nvcc knows, and immune to those a new CUDA dropped); NCCL from the nvidia-nccl wheel that
+# CUDA builds of PyTorch install (HOROVOD_NCCL_HOME, linked shared), when the user names none.
 #
 # The wheel is cached in ${XDG_CACHE_HOME:-~/.cache}/hvdtrain/horovod/KEY/, where KEY covers everything the binary
-# depends on: Horovod, torch, mxnet and Python versions, the platform, every HOROVOD_* build variable (names and values),
-# whether MPI was found (and its version), and this script's own text. A cached wheel is installed only when its recorded sha256 matches and
-# the installed Horovod then reports the frameworks and controllers it was meant to have; otherwise the entry is
-# removed and the wheel rebuilt.
+# depends on: Horovod, torch, mxnet and Python versions, the frameworks built, the platform, every HOROVOD_* build
+# variable (names and values, the derived GPU ones included), whether MPI was found (and its version), and the text of
+# this script and of patch_horovod.py. A cached wheel is installed only when its recorded sha256 matches and the
+# installed Horovod then reports the frameworks and controllers it was meant to have; otherwise the entry is removed
+# and the wheel rebuilt.
 #
-# Environment: HOROVOD_GPU_OPERATIONS=NCCL (GPU hosts) and other HOROVOD_* build variables pass through to the build.
-# HVDTRAIN_WHEEL_CACHE overrides the cache directory; HVDTRAIN_NO_MPI=1 builds with Gloo only.
+# Environment: HOROVOD_* build variables pass through to the build. HVDTRAIN_WHEEL_CACHE overrides the cache
+# directory; HVDTRAIN_NO_MPI=1 builds with Gloo only; HVDTRAIN_FRAMEWORKS chooses the frameworks.
 set -euo pipefail
 
 PY=${1:?usage: scripts/build_horovod.sh PYTHON}
 HOROVOD_VERSION=0.28.1
+FRAMEWORKS=${HVDTRAIN_FRAMEWORKS:-torch mxnet}
 HERE=$(cd "$(dirname "$0")" && pwd)
 CONSTRAINTS="$HERE/constraints.txt"
 PIP=("$PY" -m pip --disable-pip-version-check)
@@ -57,21 +59,61 @@ if [ $with_mpi = 1 ]; then
   mpi_version=$(mpirun --version 2>/dev/null | head -n1 | tr -c 'A-Za-z0-9.\n' '_')
 fi
 
+for fw in $FRAMEWORKS; do
+  case "$fw" in torch|mxnet) ;; *) log "HVDTRAIN_FRAMEWORKS: unknown framework '$fw' (torch, mxnet)"; exit 2 ;; esac
+done
+
+# --- GPU build environment ----------------------------------------------------------------------------------------
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
+if [ "$gpu_ops" != none ]; then
+  if ! command -v nvcc >/dev/null 2>&1 && [ -z "${HOROVOD_CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export HOROVOD_CUDA_HOME=/usr/local/cuda
+  fi
+  if [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then
+    ccs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | tr -d '. ' | sort -u | paste -sd, -)
+    [ -n "$ccs" ] && export HOROVOD_BUILD_CUDA_CC_LIST=$ccs
+  fi
+  if [ -z "${HOROVOD_NCCL_HOME:-}" ] && [ -z "${HOROVOD_NCCL_INCLUDE:-}" ]; then
+    nccl_dir=$("$PY" -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
+    if [ -n "$nccl_dir" ] && [ -f "$nccl_dir/include/nccl.h" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ]; then
+      # The wheel has libnccl.so.2 but no libnccl.so for the linker: a folder beside the cache gives it one.
+      cache_dir=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/horovod}
+      nccl_home="$cache_dir/nccl-$(sha256sum "$nccl_dir/lib/libnccl.so.2" | cut -c1-12)"
+      mkdir -p "$nccl_home/lib"
+      ln -sfn "$nccl_dir/include" "$nccl_home/include"
+      ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
+      ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so.2"
+      export HOROVOD_NCCL_HOME=$nccl_home HOROVOD_NCCL_LINK=SHARED
+    fi
+  fi
+fi
+
 # --- cache key --------------------------------------------------------------------------------------------------
 versions=$("$PY" - <<'EOF'
-import importlib.metadata as md, platform, sys, sysconfig
-print(md.version("torch"), md.version("mxnet"),
+import importlib.metadata as md, sys, sysconfig
+def version(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return "none"
+print(version("torch"), version("mxnet", "mxnet-cu112", "mxnet-cu110", "mxnet-cu102"),
       "cp%d%d" % sys.version_info[:2], sysconfig.get_platform().replace("-", "_"))
 EOF
 )
 read -r torch_v mxnet_v py_tag plat <<<"$versions"
-gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
-script_hash=$(sha256sum "$0" | cut -c1-12)
+for fw in $FRAMEWORKS; do
+  v=$torch_v; [ "$fw" = mxnet ] && v=$mxnet_v
+  [ "$v" != none ] || { log "$fw is not installed in $PY's environment: install it first (make deps)"; exit 2; }
+done
+script_hash=$(cat "$0" "$HERE/patch_horovod.py" | sha256sum | cut -c1-12)
+fw_tag=$(echo $FRAMEWORKS | tr ' ' '+')
 # Every HOROVOD_* variable the user set changes what is built (HOROVOD_GPU_OPERATIONS, HOROVOD_CUDA_HOME,
 # HOROVOD_NCCL_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_WITHOUT_GLOO, ...): all of them, names and values, are hashed
 # into the key. They are read here, before this script exports its own.
 build_env=$( { env | grep '^HOROVOD_' || true; } | LC_ALL=C sort | sha256sum | cut -c1-12)
-key="horovod-${HOROVOD_VERSION}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_env-${build_env}_build-${script_hash}"
+key="horovod-${HOROVOD_VERSION}_${fw_tag}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_env-${build_env}_build-${script_hash}"
 key=$(echo "$key" | tr '+/ ' '___')
 if [ "${2:-}" = "--print-key" ]; then
   echo "$key"
@@ -80,7 +122,7 @@ fi
 cache_root=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/horovod}
 entry="$cache_root/$key"
 
-expected_frameworks="torch mxnet"
+expected_frameworks=$FRAMEWORKS
 expected_controllers="gloo"
 [ $with_mpi = 1 ] && expected_controllers="gloo mpi"
 
@@ -88,10 +130,11 @@ verify_installed() {
   # Ask Horovod's own Python API what it was built with; exit non-zero when anything expected is missing.
   "$PY" - "$expected_frameworks" "$expected_controllers" <<'EOF'
 import sys
+import importlib
 frameworks, controllers = sys.argv[1].split(), sys.argv[2].split()
-import horovod.torch as ht
-import horovod.mxnet as hm  # noqa: F401  (fails when the MXNet extension is missing)
-built = {"gloo": ht.gloo_built(), "mpi": ht.mpi_built()}
+# each import fails when that framework's extension is missing
+hvd = [importlib.import_module(f"horovod.{fw}") for fw in frameworks][0]
+built = {"gloo": hvd.gloo_built(), "mpi": hvd.mpi_built()}
 missing = [c for c in controllers if not built[c]]
 if missing:
     sys.exit("Horovod lacks: " + ", ".join(missing))
@@ -136,43 +179,23 @@ fi
 rm -rf "$entry"
 
 # --- build ------------------------------------------------------------------------------------------------------
-log "building Horovod $HOROVOD_VERSION (torch $torch_v, mxnet $mxnet_v, MPI: $with_mpi, GPU ops: $gpu_ops); about 5 minutes on 2 cores"
+log "building Horovod $HOROVOD_VERSION for $FRAMEWORKS (torch $torch_v, mxnet $mxnet_v, MPI: $with_mpi, GPU ops: $gpu_ops); about 5 minutes on 2 cores"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "${PIP[@]}" download -q --no-deps --no-binary :all: -c "$CONSTRAINTS" "horovod==$HOROVOD_VERSION" -d "$work" >&2
 tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
 src="$work/horovod-$HOROVOD_VERSION"
 
-# Fix 2: C++17 for torch >= 2.1 (horovod#3996 / PR #3998).
-sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/CMakeLists.txt" || { log "C++17 patch did not apply to CMakeLists.txt"; exit 1; }
-grep -q 'set(CMAKE_CXX_STANDARD 17)' "$src/horovod/torch/CMakeLists.txt" || { log "C++17 patch did not apply to horovod/torch/CMakeLists.txt"; exit 1; }
-
-# Fix 3: trace the op's name before queueing it, while the name is still alive (see the header).
-"$PY" - "$src/horovod/common/operations.cc" <<'EOF'
-import sys
-path = sys.argv[1]
-text = open(path).read()
-before = '''  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
-  if (status.ok()) {
-    LOG(TRACE, horovod_global.global_controller->GetRank())
-        << "Enqueued " << name;
-  }
-'''
-after = '''  LOG(TRACE, horovod_global.global_controller->GetRank())
-      << "Enqueueing " << name;
-  Status status = process_set.tensor_queue.AddToTensorQueue(e, message);
-'''
-if text.count(before) != 3:
-    sys.exit(f"expected 3 'Enqueued ' trace lines after AddToTensorQueue in {path}, found {text.count(before)}")
-open(path, "w").write(text.replace(before, after))
-EOF
+# Fixes 2 and 3 (see scripts/patch_horovod.py).
+"$PY" "$HERE/patch_horovod.py" "$src" >&2
 
 # Fix 1: cmake < 4 from the venv first on PATH; the policy variable covers a newer one anyway.
 venv_bin=$(dirname "$PY")
 export PATH="$venv_bin:$PATH"
 export CMAKE_POLICY_VERSION_MINIMUM=3.5
-export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
+export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
+case " $FRAMEWORKS " in *" torch "*) export HOROVOD_WITH_PYTORCH=1 ;; *) export HOROVOD_WITHOUT_PYTORCH=1 ;; esac
+case " $FRAMEWORKS " in *" mxnet "*) export HOROVOD_WITH_MXNET=1 ;; *) export HOROVOD_WITHOUT_MXNET=1 ;; esac
 if [ $with_mpi = 1 ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
 export MAKEFLAGS=${MAKEFLAGS:--j$(( $(nproc) + 1 ))}
 

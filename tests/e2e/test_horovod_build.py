@@ -5,7 +5,11 @@ could be freed by then. With one rank an op completes at once, and this stress o
 unpatched build with a segfault or an abort in 9 runs of 11 here; the patched build passed every run, in about 11
 seconds.
 """
-from tests.helpers import PY, describe, horovodrun, run
+import os
+
+from tests.helpers import PY, ROOT, describe, horovodrun, run
+
+BUILD = os.path.join(ROOT, "scripts", "build_horovod.sh")
 
 STRESS = """
 import mxnet as mx, horovod.mxnet as hvd
@@ -24,3 +28,16 @@ def test_sixty_thousand_in_place_mxnet_broadcasts_on_one_rank_do_not_crash():
     result = run(horovodrun(1, PY, "-c", STRESS), timeout=240)
     assert result.returncode == 0, describe(result)
     assert "broadcasts done: 60000" in result.stdout, describe(result)
+
+
+def test_wheel_cache_key_covers_every_horovod_build_variable_and_the_frameworks():
+    def key(**env):
+        r = run(["bash", BUILD, PY, "--print-key"], timeout=120, **env)
+        assert r.returncode == 0 and r.stdout.strip().startswith("horovod-0.28.1_"), describe(r)
+        return r.stdout.strip()
+
+    plain = key()
+    assert key() == plain, "the key is a function of the environment"
+    variants = [key(HOROVOD_CUDA_HOME="/opt/cuda"), key(HOROVOD_BUILD_CUDA_CC_LIST="90"),
+                key(HOROVOD_WITHOUT_GLOO="1"), key(HVDTRAIN_FRAMEWORKS="torch")]
+    assert len({plain, *variants}) == 5, variants

@@ -1,4 +1,5 @@
 """MNIST-format digits on 2 workers: accuracy under both launchers, and PyTorch/MXNet parity."""
+import json
 import os
 
 import pytest
@@ -32,10 +33,28 @@ def test_mnist_reaches_97_percent_on_2_workers(framework, launcher, digits, tmp_
     assert last["val_accuracy"] >= 0.97, f"{framework}/{launcher}: {last}"
     for key in ("train_loss", "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"):
         assert isinstance(last[key], float), key
-    assert os.path.exists(os.path.join(out, "config.json"))
-    assert any(n.startswith("events.out.tfevents") for n in os.listdir(os.path.join(out, "tensorboard")))
+    with open(os.path.join(out, "config.json")) as f:
+        resolved = json.load(f)
+    assert resolved["world_size"] == 2 and resolved["framework"] == framework and resolved["recipe"] == "mnist"
+    assert resolved["global_batch"] == 2 * resolved["batch_size"] == 64 and resolved["threads_per_rank"] == 1
+    assert resolved["steps_per_epoch"] == records[0]["global_step"] == 22 and resolved["data_dir"] == digits
+    scalars = tensorboard_scalars(os.path.join(out, "tensorboard"))
+    assert [step for step, _ in scalars["epoch/val_accuracy"]] == list(range(1, 21))
+    assert scalars["epoch/val_accuracy"][-1][1] == pytest.approx(last["val_accuracy"], rel=1e-6)
+    assert scalars["epoch/lr"][-1][1] == pytest.approx(last["lr"], rel=1e-6)
     assert "metrics.jsonl" in result.stdout, "the run ends by saying where the metrics are"
     RESULTS[(framework, launcher)] = last["val_accuracy"]
+
+
+def tensorboard_scalars(logdir: str) -> dict:
+    """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in file order."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    out = {}
+    for name in sorted(os.listdir(logdir)):
+        for event in EventFileLoader(os.path.join(logdir, name)).Load():
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
 
 
 def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path):

@@ -47,6 +47,8 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"warmup_epochs": 9.0, "epochs": 5}, "--warmup-epochs must be between 0 and --epochs"),
     ({"lr_milestones": (60, 30)}, "--lr-milestones must be increasing"),
     ({"resume": "/nonexistent/ckpt.npz"}, "--resume must be auto, never or an existing checkpoint file"),
+    ({"adasum": True, "precision": "fp16"}, "--adasum cannot be combined with loss scaling"),
+    ({"adasum": True, "loss_scale": "dynamic"}, "--adasum cannot be combined with loss scaling"),
 ])
 def test_validate_names_the_flag(kw, fragment):
     with pytest.raises(ConfigError) as e:
@@ -91,3 +93,18 @@ def test_bad_config_files_name_the_problem(tmp_path, text, fragment):
     path.write_text(text)
     with pytest.raises(ConfigError, match=fragment):
         parse_overrides(TrainConfig, ["--config", str(path)])
+
+
+def test_loss_scale_auto_follows_the_precision():
+    assert TrainConfig(precision="fp16").dynamic_loss_scale()
+    assert not TrainConfig(precision="bf16").dynamic_loss_scale()
+    assert TrainConfig(precision="fp32", loss_scale="dynamic").dynamic_loss_scale()
+    assert not TrainConfig(precision="fp16", loss_scale="none").dynamic_loss_scale()
+
+
+def test_imagenet_rate_per_256_images_and_crop_area():
+    from recipes.imagenet import ImageNetConfig
+    assert parse_overrides(ImageNetConfig, ["--batch-size", "64", "--lr-per-256", "0.2"]).base_lr == pytest.approx(0.05)
+    assert parse_overrides(ImageNetConfig, ["--base-lr", "0.3"]).base_lr == 0.3, "an explicit rate wins"
+    with pytest.raises(ConfigError, match="--min-crop-area must be in"):
+        parse_overrides(ImageNetConfig, ["--min-crop-area", "0"]).validate()

@@ -1,0 +1,46 @@
+"""scripts/patch_horovod.py on a tree shaped like Horovod 0.28.1's (the texts it patches, verbatim)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import patch_horovod  # noqa: E402
+
+SCRIPT = os.path.join(ROOT, "scripts", "patch_horovod.py")
+
+
+def fake_sdist(root):
+    (root / "horovod" / "torch").mkdir(parents=True)
+    (root / "horovod" / "common").mkdir(parents=True)
+    for name in patch_horovod.CXX_FILES:
+        (root / name).write_text(f"project(x)\n{patch_horovod.CXX14}\n")
+    sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
+    (root / patch_horovod.OPERATIONS).write_text(sites)
+    return root
+
+
+def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
+    src = fake_sdist(tmp_path / "horovod-0.28.1")
+    first = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    assert all(patch_horovod.CXX17 in (src / n).read_text() for n in patch_horovod.CXX_FILES)
+    ops = (src / patch_horovod.OPERATIONS).read_text()
+    assert ops.count(patch_horovod.TRACE_BEFORE) == 3 and '"Enqueued "' not in ops
+    assert ops.index('"Enqueueing "') < ops.index("AddToTensorQueue"), "the trace line comes before the queueing"
+    again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stderr.count("already patched") == 3, again.stderr
+    assert (src / patch_horovod.OPERATIONS).read_text() == ops
+
+
+def test_a_tree_that_does_not_fit_is_refused_with_the_reason(tmp_path):
+    src = fake_sdist(tmp_path / "horovod-0.29")
+    ops = src / patch_horovod.OPERATIONS
+    ops.write_text(ops.read_text().replace('"Enqueued "', '"Queued "', 1))  # one site changed upstream
+    result = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "expected 3 occurrence(s)" in result.stderr and "0.28.1" in result.stderr
+    with pytest.raises(patch_horovod.PatchError, match="not an unpacked Horovod source tree"):
+        patch_horovod.patch(str(tmp_path / "empty"))
