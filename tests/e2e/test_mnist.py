@@ -49,11 +49,12 @@ def test_mnist_reaches_97_percent_on_2_workers(framework, launcher, digits, tmp_
 def tensorboard_scalars(logdir: str) -> dict:
     """Every scalar in the event files of ``logdir``: tag -> [(step, value)] in file order."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
     out = {}
     for name in sorted(os.listdir(logdir)):
-        for event in EventFileLoader(os.path.join(logdir, name)).Load():
+        for event in EventFileLoader(os.path.join(logdir, name)).Load():  # scalars arrive as tensors (migrated)
             for value in event.summary.value:
-                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+                out.setdefault(value.tag, []).append((event.step, float(make_ndarray(value.tensor))))
     return out
 
 
