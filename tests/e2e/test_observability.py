@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrain.phases import PHASES
 from tests.e2e.conftest import read_metrics
-from tests.helpers import PY, ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
+from tests.helpers import ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
 
 TINY = "tests.tiny_recipe:TinyTrainer"
 ROW = re.compile(r"^\s+(\d+)\s+\S+\s+\d+\s+\d+\s+\w+\s.*$")  # rank host pid step phase ...

@@ -1,10 +1,10 @@
 """Allreduce timing workers for ``python -m hvdtrain bench allreduce`` (run under a launcher; rank 0 writes JSON).
 
-    horovodrun -np 2 --gloo python -m hvdtrain.bench_allreduce horovod sizes --result r.json
-    mpirun -np 2 python -m hvdtrain.bench_allreduce horovod sizes --result r.json
-    torchrun --nproc_per_node 2 -m hvdtrain.bench_allreduce torch sizes --result r.json
-    horovodrun -np 2 --gloo python -m hvdtrain.bench_allreduce horovod resnet50 --result r.json
-    python -m hvdtrain.bench_allreduce memcpy sizes --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod sizes --result r.json
+    mpirun -np 2 python -m hvdtrain.bench.allreduce_worker horovod sizes --result r.json
+    torchrun --nproc_per_node 2 -m hvdtrain.bench.allreduce_worker torch sizes --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod resnet50 --result r.json
+    python -m hvdtrain.bench.allreduce_worker memcpy sizes --result r.json
 
 ``sizes``: one float32 tensor of each size, allreduced (sum) back to back; seconds per operation, algorithm bandwidth
 (bytes / time) and bus bandwidth (algorithm bandwidth x 2 (n - 1) / n, the data each rank sends and receives in a ring,
@@ -119,7 +119,7 @@ def memcpy(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench_allreduce")
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench.allreduce_worker")
     parser.add_argument("library", choices=["horovod", "torch", "memcpy"])
     parser.add_argument("what", choices=["sizes", "resnet50"])
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)

@@ -4,10 +4,10 @@ Each is the loop a user would write without hvdtrain, as short as Horovod's and 
 (the recipe's builder), the same fixed synthetic batch, optimizer and threads as ``hvdtrain recipe R --synthetic``,
 and nothing else. Run under a launcher:
 
-    horovodrun -np 2 python -m hvdtrain.bench_loops horovod-torch --recipe mnist --steps 60 --result r.json
-    horovodrun -np 2 python -m hvdtrain.bench_loops horovod-mxnet --recipe mnist --steps 60 --result r.json
-    torchrun --nproc_per_node 2 -m hvdtrain.bench_loops ddp-torch --recipe mnist --steps 60 --result r.json
-    python -m hvdtrain.bench_loops loader --recipe imagenet --steps 50 --result r.json -- --data-dir D --framework mxnet
+    horovodrun -np 2 python -m hvdtrain.bench.loops horovod-torch --recipe mnist --steps 60 --result r.json
+    horovodrun -np 2 python -m hvdtrain.bench.loops horovod-mxnet --recipe mnist --steps 60 --result r.json
+    torchrun --nproc_per_node 2 -m hvdtrain.bench.loops ddp-torch --recipe mnist --steps 60 --result r.json
+    python -m hvdtrain.bench.loops loader --recipe imagenet --steps 50 --result r.json -- --data-dir D --framework mxnet
 
 ``loader`` is the input pipeline alone: the recipe's own training data and its backend's loader, exactly as the
 Trainer builds them (one process, world size 1), iterated without training; the options after ``--`` go to the
@@ -26,7 +26,7 @@ import time
 
 
 def _recipe(name: str, framework: str, batch_size: int, threads: int):
-    from . import registry
+    from .. import registry
     cls = registry.load(name)
     return cls(cls.config_class(framework=framework, batch_size=batch_size, threads=threads, synthetic=True,
                                 output_dir=os.devnull))
@@ -150,8 +150,8 @@ def ddp_torch(args) -> dict:
 
 
 def loader(args) -> dict:
-    from . import registry
-    from .config import parse_overrides
+    from .. import registry
+    from ..config import parse_overrides
     cls = registry.load(args.recipe)
     cfg = parse_overrides(cls.config_class, [*args.recipe_args, "--resume", "never", "--output-dir",
                                              os.path.join(os.path.dirname(os.path.abspath(args.result)), "loader")])
@@ -178,7 +178,7 @@ LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-to
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench_loops")
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench.loops")
     parser.add_argument("loop", choices=sorted(LOOPS))
     parser.add_argument("--recipe", default="mnist")
     parser.add_argument("--batch-size", type=int, default=32)

@@ -1,0 +1,104 @@
+"""``python -m hvdtrain bench ps``: Horovod against MXNet's parameter server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict
+
+from .runner import check_sizes, compare, cores, free_port, run_loop, save, threads_per_rank
+
+
+def _run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, batch_size: int,
+            timeout: float) -> float:
+    """Global img/s of the bare Gluon loop on MXNet's parameter server: a scheduler, ``servers`` servers and
+    ``workers`` workers on loopback, each in its own session so that none outlives the run (a stale scheduler or
+    server on the port breaks the next run)."""
+    import signal
+    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
+                DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers), DMLC_NODE_HOST="127.0.0.1",
+                DMLC_INTERFACE="lo", OMP_NUM_THREADS=str(threads))
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        procs = []
+        try:
+            for role in ["scheduler"] + ["server"] * servers:  # MXNet starts the role when imported
+                procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"], env=dict(base, DMLC_ROLE=role),
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                              start_new_session=True))
+            workers_ = [subprocess.Popen([sys.executable, "-m", "hvdtrain.bench.loops", "ps-mxnet", "--recipe",
+                                          recipe, "--steps", str(steps), "--batch-size", str(batch_size), "--threads",
+                                          str(threads), "--result", result],
+                                         env=dict(base, DMLC_ROLE="worker"), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                        for _ in range(workers)]
+            procs += workers_
+            deadline = time.monotonic() + timeout
+            for w in workers_:
+                try:
+                    w.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"bench: parameter server with {workers} worker(s), {servers} server(s) did "
+                                       f"not finish within {timeout:.0f}s") from None
+            bad = [w for w in workers_ if w.returncode != 0]
+            if bad or not os.path.exists(result):
+                lines = (bad[0].stdout.read() if bad else "").strip().splitlines()
+                raise RuntimeError("bench: parameter server worker failed: " + " | ".join(lines[-3:]))
+            with open(result) as f:
+                return float(json.load(f)["images_per_sec"])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                p.wait()
+
+
+def parameter_server(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
+    """Horovod (bare Gluon loop) against MXNet's parameter server with 1 and 2 servers, at 1 and ``np_`` workers."""
+    threads = threads_per_rank(np_)
+    res = compare({
+        "horovod np=1": lambda: run_loop("horovod-mxnet", recipe, 1, threads, steps, batch_size, timeout),
+        f"horovod np={np_}": lambda: run_loop("horovod-mxnet", recipe, np_, threads, steps, batch_size, timeout),
+        "ps 1 server np=1": lambda: _run_ps(recipe, 1, 1, threads, steps, batch_size, timeout),
+        f"ps 1 server np={np_}": lambda: _run_ps(recipe, np_, 1, threads, steps, batch_size, timeout),
+        f"ps 2 servers np={np_}": lambda: _run_ps(recipe, np_, 2, threads, steps, batch_size, timeout),
+    }, rounds)
+    med = {k: v["images_per_sec"] for k, v in res.items()}
+    return {"benchmark": "ps", "recipe": recipe, "framework": "mxnet", "np": np_, "threads_per_rank": threads,
+            "cores": cores(), "rounds": rounds, "steps": steps, "batch_size": batch_size, "variants": res,
+            "horovod_over_ps_1_server": med[f"horovod np={np_}"] / med[f"ps 1 server np={np_}"],
+            "horovod_over_ps_2_servers": med[f"horovod np={np_}"] / med[f"ps 2 servers np={np_}"],
+            "efficiency": {"horovod": med[f"horovod np={np_}"] / (np_ * med["horovod np=1"]),
+                           "ps 1 server": med[f"ps 1 server np={np_}"] / (np_ * med["ps 1 server np=1"]),
+                           "ps 2 servers": med[f"ps 2 servers np={np_}"] / (np_ * med["ps 1 server np=1"])},
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def run(args) -> int:
+    check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
+    result = parameter_server(args.recipe, args.np, args.rounds, args.steps, args.batch_size)
+    for name, v in result["variants"].items():
+        print(f"{name}: {v['images_per_sec']:.1f} img/s (min {v['min']:.1f}, max {v['max']:.1f})")
+    eff = result["efficiency"]
+    print(f"Horovod / parameter server at np={args.np}: {result['horovod_over_ps_1_server']:.3f} (1 server), "
+          f"{result['horovod_over_ps_2_servers']:.3f} (2 servers); scaling efficiency: Horovod "
+          f"{100 * eff['horovod']:.0f}%, PS 1 server {100 * eff['ps 1 server']:.0f}%, "
+          f"PS 2 servers {100 * eff['ps 2 servers']:.0f}%")
+    save(args.output_dir, "ps", result, {"": result["variants"]}, f"{args.recipe} on MXNet: Horovod vs parameter server")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("ps", help="Horovod against MXNet's parameter server (kvstore dist_sync, 1 and 2 servers)")
+    p.add_argument("--recipe", default="mnist")
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--output-dir", default="runs/bench")

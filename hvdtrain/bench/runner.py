@@ -1,0 +1,134 @@
+"""What every benchmark shares: running a recipe or a worker under a launcher and reading its result, interleaving
+variants, sizing threads, and writing JSON plus a chart."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import Callable, Dict, List
+
+from ..config import ConfigError
+
+
+def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, extra: List[str],
+              timeout: float) -> float:
+    """Global img/s of one short run of ``recipe`` on ``np_`` local workers."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        cmd = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m", "hvdtrain",
+               "recipe", recipe, "--framework", framework, "--epochs", "1", "--warmup-epochs", "0",
+               "--max-steps", str(steps), "--threads", str(threads), "--resume", "never", "--output-dir", out,
+               *extra]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"bench: np={np_} did not finish within {timeout:.0f}s: {' '.join(cmd)}") from None
+        if proc.returncode != 0:
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            cause = [line.split("hvdtrain: error: ", 1)[1] for line in lines if "hvdtrain: error: " in line][:1]
+            raise RuntimeError(f"bench: np={np_} failed (exit {proc.returncode}): " + " | ".join(cause or lines[-3:]))
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return float(json.loads(f.readlines()[-1])["images_per_sec"])
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(np_: int) -> int:
+    """The same threads per rank in every variant and at every size: the cores divided by the most ranks run."""
+    return max(1, cores() // np_)
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_size: int, timeout: float) -> float:
+    """Global img/s of one run of a bare loop (hvdtrain.bench.loops) on ``np_`` local workers."""
+    binary = os.path.dirname(sys.executable)
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        args = ["--recipe", recipe, "--steps", str(steps), "--batch-size", str(batch_size), "--threads", str(threads),
+                "--result", result]
+        if loop == "ddp-torch":
+            cmd = [os.path.join(binary, "torchrun"), "--nproc_per_node", str(np_), "--master_addr", "127.0.0.1",
+                   "--master_port", str(free_port()), "-m", "hvdtrain.bench.loops", loop, *args]
+        else:
+            cmd = [os.path.join(binary, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+                   sys.executable, "-m", "hvdtrain.bench.loops", loop, *args]
+        out_json = run_worker(cmd, result, timeout, f"{loop} np={np_}", {"OMP_NUM_THREADS": str(threads)})
+        return float(out_json["images_per_sec"])
+
+
+def compare(variants: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, Dict]:
+    """Each variant once per round, in alternating order; median, min, max and samples of its img/s."""
+    names = list(variants)
+    samples: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            samples[name].append(variants[name]())
+            print(f"bench: round {r + 1}/{rounds} {name}: {samples[name][-1]:.1f} img/s", flush=True)
+    return {n: {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s}
+            for n, s in samples.items()}
+
+
+def run_worker(cmd: List[str], result: str, timeout: float, what: str, env: Dict[str, str]) -> Dict:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                              env=dict(os.environ, **env))
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"bench: {what} did not finish within {timeout:.0f}s") from None
+    if proc.returncode != 0 or not os.path.exists(result):
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        raise RuntimeError(f"bench: {what} failed (exit {proc.returncode}): " + " | ".join(lines[-3:]))
+    with open(result) as f:
+        return json.load(f)
+
+
+def check_sizes(**sizes: int) -> None:
+    bad = [k for k, v in sizes.items() if v < 1]
+    if bad:
+        raise ConfigError(", ".join("--" + k.replace("_", "-") for k in bad) + " must be at least 1")
+
+
+def plot_compare(groups: Dict[str, Dict[str, Dict]], title: str, path: str) -> None:
+    """Grouped bars (median img/s, min-max whiskers): one group per key of ``groups``, one bar per variant."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = list(next(iter(groups.values())))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, name in enumerate(names):
+        xs = [g + i * width for g in range(len(groups))]
+        rows = [groups[k][name] for k in groups]
+        ax.bar(xs, [r["images_per_sec"] for r in rows], width, label=name,
+               yerr=[[r["images_per_sec"] - r["min"] for r in rows], [r["max"] - r["images_per_sec"] for r in rows]],
+               capsize=3)
+    ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels(list(groups))
+    ax.set_ylabel("images / s (global, median)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save(output_dir: str, name: str, result: Dict, groups: Dict[str, Dict[str, Dict]], title: str) -> None:
+    """NAME.json and NAME.png (grouped bars of the variants) in ``output_dir``."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot_compare(groups, title, os.path.join(output_dir, f"{name}.png"))
+    print(f"bench: wrote {output_dir}/{name}.json and {name}.png")
