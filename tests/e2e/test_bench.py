@@ -101,3 +101,21 @@ def test_parameter_server_benchmark_smallest(tmp_path):
     assert all(v["images_per_sec"] > 0 for v in data["variants"].values())
     assert set(data["efficiency"]) == {"horovod", "ps 1 server", "ps 2 servers"}
     assert data["horovod_over_ps_1_server"] > 0 and _png(out / "ps.png")
+
+
+def test_convergence_benchmark_trains_every_arm_and_charts_the_accuracy(tmp_path):
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "convergence", "--recipe", "tests.tiny_recipe:TinyTrainer", "--frameworks",
+                          "torch", "--arms", "1x1,2x1,1x2", "--output-dir", str(out), "--", "--epochs", "2"),
+                 timeout=300)
+    assert result.returncode == 0, describe(result)
+    (data,) = json.loads((out / "convergence.json").read_text())
+    assert data["reference"] == "np=1 x accumulate 1"
+    assert [(r["np"], r["accumulate"], r["global_batch"]) for r in data["runs"]] == [(1, 1, 64), (2, 1, 128),
+                                                                                   (1, 2, 128)]
+    for run_ in data["runs"]:
+        assert len(run_["val_accuracy"]) == 2 and run_["final_accuracy"] == run_["val_accuracy"][-1] > 0.9
+    assert data["summary"]["np=1 x accumulate 1"]["points_from_reference"] == 0.0
+    assert _png(out / "convergence.png")
+    bad = run(hvdtrain("bench", "convergence", "--arms", "2y1", "--output-dir", str(tmp_path)), timeout=60)
+    assert bad.returncode == 2 and "--arms must be NPxACCUMULATE pairs" in bad.stderr
