@@ -33,6 +33,8 @@ class TinyConfig(TrainConfig):
     """How long --fault sleep sleeps."""
     step_sleep: float = 0.0
     """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
+    sleep_while: str = ""
+    """A file: --step-sleep applies only while it exists (a test removes it to let the run finish quickly)."""
 
 
 def _rank() -> int:
@@ -53,7 +55,7 @@ class _Faults:
         import time
         cfg = self.cfg
         self.batches += 1
-        if cfg.step_sleep:
+        if cfg.step_sleep and (not cfg.sleep_while or os.path.exists(cfg.sleep_while)):
             time.sleep(cfg.step_sleep)
         once = cfg.fault_once
         if cfg.fault and _rank() == cfg.fault_rank and self.batches >= cfg.fault_step \

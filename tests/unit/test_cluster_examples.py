@@ -33,18 +33,16 @@ def test_mpijob_manifest():
 
 
 def test_slurm_script():
-    path = os.path.join(CLUSTER, "slurm_imagenet.sbatch")
+    path = os.path.join(CLUSTER, "slurm_train.sbatch")
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     with open(path) as f:
         text = f.read()
-    directives = dict(line[len("#SBATCH --"):].split("=", 1) for line in text.splitlines()
-                      if line.startswith("#SBATCH --") and "=" in line)
-    assert directives["ntasks-per-node"] == directives["gpus-per-node"]  # one task per GPU
-    srun = text[text.index("srun "):].replace("\\\n", " ").split()
-    # Shell expansions stand for values the user's environment gives: a framework name, or a path.
-    argv = [("mxnet" if prev == "--framework" else "/data/x") if "${" in a else a for prev, a in zip([""] + srun, srun)]
-    cfg = _recipe_flags(argv)
-    assert cfg.precision == "fp16" and cfg.num_workers > 0
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --requeue" in directives
+    assert not [d for d in directives if "gpu" in d], "GPUs are asked for on the command line: the script runs on CPU nodes"
+    srun = text[text.index("\nsrun ") + 1:].replace("\\\n", " ").split()
+    assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"' in srun, "Slurm >= 22.05 srun does not inherit it"
+    # tests/e2e/test_slurm.py submits this script, unchanged, to a real Slurm cluster
 
 
 def test_shell_examples_parse_and_hostfile_has_slots():
