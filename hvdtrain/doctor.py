@@ -1,6 +1,7 @@
 """``python -m hvdtrain doctor``: what is installed, what Horovod was built with, and known-bad combinations.
 
-Exit status 0 when both PyTorch and MXNet are usable through Horovod, 1 otherwise. Each problem comes with a
+Exit status 0 when every framework installed (PyTorch, MXNet, or both) is usable through Horovod, 1 otherwise; an
+environment may hold one framework only (a GPU host's, ``make install FRAMEWORKS=torch``). Each problem comes with a
 one-line fix.
 """
 from __future__ import annotations
@@ -36,9 +37,18 @@ def _packages() -> List[Row]:
              "numpy": "pip install numpy==1.23.5",
              "gluoncv": "pip install gluoncv==0.10.5.post0",
              "horovod": "make install (builds Horovod against the installed frameworks)"}
+    frameworks = installed_frameworks()
     for dist in ("torch", "mxnet", "numpy", "gluoncv", "horovod"):
         v = _version(dist) or (_version("mxnet-cu112") if dist == "mxnet" else None)
-        rows.append(("ok", dist, v, "") if v else ("FAIL", dist, "not installed", fixes[dist]))
+        optional = (dist in ("torch", "mxnet") and frameworks and dist not in frameworks) or \
+            (dist == "gluoncv" and "mxnet" not in frameworks)
+        if v:
+            rows.append(("ok", dist, v, ""))
+        elif optional:
+            rows.append(("warn", dist, f"not installed (this environment is for {', '.join(frameworks)})",
+                         "make install FRAMEWORKS=\"torch mxnet\" for both"))
+        else:
+            rows.append(("FAIL", dist, "not installed", fixes[dist]))
     numpy_v, mxnet_v = _version("numpy"), _version("mxnet")
     if numpy_v and mxnet_v and mxnet_v.startswith("1.") and _major_minor(numpy_v) >= (1, 24):
         rows.append(("FAIL", "numpy+mxnet", f"numpy {numpy_v} breaks mxnet {mxnet_v} (np.bool was removed)",
@@ -46,10 +56,19 @@ def _packages() -> List[Row]:
     return rows
 
 
+def installed_frameworks() -> List[str]:
+    """The frameworks installed here: torch, mxnet (any build), or both."""
+    return [fw for fw, dists in (("torch", ("torch",)), ("mxnet", ("mxnet", "mxnet-cu112", "mxnet-cu110")))
+            if any(_version(d) for d in dists)]
+
+
 def _horovod() -> Tuple[List[Row], bool]:
     rows: List[Row] = []
     frameworks = {}
+    wanted = installed_frameworks() or ["torch", "mxnet"]
     for fw, module in (("PyTorch", "horovod.torch"), ("MXNet", "horovod.mxnet")):
+        if ("torch" if fw == "PyTorch" else "mxnet") not in wanted:
+            continue
         try:
             if fw == "MXNet":
                 __import__("mxnet")
@@ -71,7 +90,7 @@ def _horovod() -> Tuple[List[Row], bool]:
                          "apt-get install openmpi-bin libopenmpi-dev, then make install"))
         gpu = "CUDA" if hvd.cuda_built() else ("ROCm" if hvd.rocm_built() else "none")
         rows.append(("ok", "horovod GPU support", gpu, ""))
-    return rows, len(frameworks) == 2
+    return rows, len(frameworks) == len(wanted)
 
 
 def _system() -> List[Row]:
@@ -131,7 +150,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  {'':4s}  {'':{width}s}  fix: {fix}")
     failed = [r for r in rows if r[0] == "FAIL"]
     if both_usable and not failed:
-        print("doctor: PyTorch and MXNet are usable through Horovod")
+        names = {"torch": "PyTorch", "mxnet": "MXNet"}
+        print(f"doctor: {' and '.join(names[f] for f in installed_frameworks())} usable through Horovod")
         return 0
     print(f"doctor: {len(failed)} problem(s); see the fixes above", file=sys.stderr)
     return 1

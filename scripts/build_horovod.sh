@@ -26,7 +26,8 @@
 # and the wheel rebuilt.
 #
 # Environment: HOROVOD_* build variables pass through to the build. HVDTRAIN_WHEEL_CACHE overrides the cache
-# directory; HVDTRAIN_NO_MPI=1 builds with Gloo only; HVDTRAIN_FRAMEWORKS chooses the frameworks.
+# directory; HVDTRAIN_NO_MPI=1 builds with Gloo only; HVDTRAIN_FRAMEWORKS chooses the frameworks;
+# HVDTRAIN_HOROVOD_SDIST=horovod-0.28.1.tar.gz builds from that file instead of downloading it (hosts with no index).
 set -euo pipefail
 
 PY=${1:?usage: scripts/build_horovod.sh PYTHON}
@@ -182,7 +183,12 @@ rm -rf "$entry"
 log "building Horovod $HOROVOD_VERSION for $FRAMEWORKS (torch $torch_v, mxnet $mxnet_v, MPI: $with_mpi, GPU ops: $gpu_ops); about 5 minutes on 2 cores"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"${PIP[@]}" download -q --no-deps --no-binary :all: -c "$CONSTRAINTS" "horovod==$HOROVOD_VERSION" -d "$work" >&2
+if [ -n "${HVDTRAIN_HOROVOD_SDIST:-}" ]; then  # a host without a package index (a GPU host, say): a carried sdist
+  [ -f "$HVDTRAIN_HOROVOD_SDIST" ] || { log "HVDTRAIN_HOROVOD_SDIST=$HVDTRAIN_HOROVOD_SDIST does not exist"; exit 2; }
+  cp "$HVDTRAIN_HOROVOD_SDIST" "$work/horovod-$HOROVOD_VERSION.tar.gz"
+else
+  "${PIP[@]}" download -q --no-deps --no-binary :all: -c "$CONSTRAINTS" "horovod==$HOROVOD_VERSION" -d "$work" >&2
+fi
 tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
 src="$work/horovod-$HOROVOD_VERSION"
 

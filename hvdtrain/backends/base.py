@@ -69,13 +69,39 @@ def estimated_threads(local_size: int, requested: int = 0) -> int:
     return cpu_threads_per_rank(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task())
 
 
+def gpu_for_rank(local_rank: int, local_size: int, gpus: int, visible: Optional[str]) -> int:
+    """The GPU (index among those this process sees) for a rank: its local rank, one rank per GPU as NCCL requires.
+
+    A launcher may give each rank a single GPU of its own (CUDA_VISIBLE_DEVICES per rank: Slurm's --gpus-per-task=1,
+    Kubernetes): the rank then sees one GPU and takes it. More ranks on a host than GPUs it sees is refused before
+    anything is placed (NCCL fails later with "Duplicate GPU detected", or two ranks share one GPU's memory).
+    ``visible``: the CUDA_VISIBLE_DEVICES value (None when unset).
+    """
+    from ..config import ConfigError
+    if local_rank < gpus:
+        return local_rank
+    if gpus == 1 and visible is not None and len([v for v in visible.split(",") if v.strip()]) == 1:
+        return 0
+    raise ConfigError(f"{local_size} ranks on this host but {gpus} GPU(s) visible to rank {local_rank}: Horovod's NCCL "
+                      f"operations need one rank per GPU; start at most {gpus} rank(s) per host (horovodrun -H "
+                      f"host:{gpus}, srun --ntasks-per-node={gpus}), or give each rank its own GPU "
+                      f"(CUDA_VISIBLE_DEVICES)")
+
+
 MAX_CORES_COMPARED = 1024
 """Cores beyond this index are not compared between ranks (they still count for the rank's own threads)."""
 
 
 def host_key() -> float:
-    """A number naming this host (its hostname's CRC-32), exact in a float64."""
-    return float(zlib.crc32(socket.gethostname().encode()))
+    """A number naming this host, exact in a float64: the CRC-32 of its hostname and IPv4 addresses. The addresses
+    tell apart hosts that share a hostname (containers, network namespaces standing in for hosts)."""
+    try:
+        import psutil
+        addresses = sorted(a.address for nic in psutil.net_if_addrs().values() for a in nic
+                           if a.family == socket.AF_INET and not a.address.startswith("127."))
+    except Exception:  # noqa: BLE001 - the hostname alone then
+        addresses = []
+    return float(zlib.crc32(" ".join([socket.gethostname(), *addresses]).encode()))
 
 
 def encode_cores(cores: FrozenSet[int]) -> List[float]:

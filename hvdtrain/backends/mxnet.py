@@ -29,7 +29,7 @@ from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
 from ..vision import RecordIODataset
-from .base import Backend, estimated_threads, horovod_environment, preload_image_codecs
+from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
 
 
 def _launcher_local_size() -> int:
@@ -45,10 +45,12 @@ GPU_STAND_IN = "HVDTRAIN_GPU_STAND_IN"
 MXNet's default standing in for ``mx.gpu(local_rank)``, so that tests on a CPU catch anything left on ``cpu(0)``."""
 
 
-def rank_context(mx, local_rank: int):
-    """The rank's MXNet context: its GPU by local rank, else the CPU (or the CPU stand-in, see GPU_STAND_IN)."""
-    if mx.context.num_gpus() > 0:
-        return mx.gpu(local_rank)
+def rank_context(mx, local_rank: int, local_size: int = 1):
+    """The rank's MXNet context: its GPU by local rank (:func:`gpu_for_rank`), else the CPU (or the CPU stand-in,
+    see GPU_STAND_IN)."""
+    gpus = mx.context.num_gpus()
+    if gpus > 0:
+        return mx.gpu(gpu_for_rank(local_rank, local_size, gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
     if os.environ.get(GPU_STAND_IN) == "1":
         return mx.cpu(local_rank + 1)
     return mx.cpu()
@@ -140,7 +142,7 @@ class MXNetBackend(Backend):
         import ctypes
         mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))
         # Horovod: one GPU per process, chosen by local rank.
-        self.ctx = self.device = rank_context(mx, self.local_rank)
+        self.ctx = self.device = rank_context(mx, self.local_rank, self.local_size)
         self.on_gpu = self.ctx.device_type == "gpu"
         self.precision = cfg.precision
         # Every batch is cast to the network's type (float16 networks take float16 data).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend, estimated_threads, horovod_environment, preload_image_codecs
+from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -64,9 +65,11 @@ class TorchBackend(Backend):
             raise ConfigError("--adasum needs Horovod's MPI controller: launch with mpirun (or horovodrun --mpi); "
                               "Gloo has no Adasum")
         if torch.cuda.is_available():
-            # Horovod: one GPU per process, chosen by local rank.
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
+            # Horovod: one GPU per process, chosen by local rank, before anything is created on a GPU.
+            gpu = gpu_for_rank(self.local_rank, self.local_size, torch.cuda.device_count(),
+                               os.environ.get("CUDA_VISIBLE_DEVICES"))
+            torch.cuda.set_device(gpu)
+            self.device = torch.device("cuda", gpu)
             self.on_gpu = self.asynchronous = True
         else:
             self.device = torch.device("cpu")

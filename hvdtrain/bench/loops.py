@@ -25,27 +25,43 @@ import sys
 import time
 
 
-def _recipe(name: str, framework: str, batch_size: int, threads: int):
+def _recipe(name: str, framework: str, batch_size: int, threads: int, recipe_args=()):
+    """The recipe's Trainer for its model and shapes; ``recipe_args`` are its own options (--model, --image-size)."""
     from .. import registry
+    from ..config import parse_overrides
     cls = registry.load(name)
-    return cls(cls.config_class(framework=framework, batch_size=batch_size, threads=threads, synthetic=True,
-                                output_dir=os.devnull))
+    return cls(parse_overrides(cls.config_class, [*recipe_args, "--framework", framework, "--batch-size",
+                                                  str(batch_size), "--threads", str(threads), "--synthetic",
+                                                  "--output-dir", os.devnull]))
 
 
-def _torch_steps(model, opt, trainer, args) -> float:
-    """Seconds for ``args.steps`` steps on one fixed synthetic batch, each reading its loss back."""
+def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, step=None) -> float:
+    """Seconds for ``args.steps`` steps on one fixed synthetic batch, each reading its loss back. ``--precision``
+    fp16 / bf16: autocast, and for fp16 a GradScaler (``step`` does the optimizer's part of a step)."""
+    import contextlib
     import torch
     import torch.nn.functional as F
-    x = torch.randn((args.batch_size,) + tuple(trainer.input_shape))
-    y = torch.randint(0, trainer.num_classes, (args.batch_size,))
+    x = torch.randn((args.batch_size,) + tuple(trainer.input_shape), device=device)
+    y = torch.randint(0, trainer.num_classes, (args.batch_size,), device=device)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
     model.train()
+    synchronize()
     start = time.perf_counter()
     for _ in range(args.steps):
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
+        with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
+            loss = F.cross_entropy(model(x), y)
+        (scaler.scale(loss) if scaler else loss).backward()
+        if step is not None:
+            step(opt, scaler)
+        elif scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
         loss.item()
+    synchronize()
     return time.perf_counter() - start
 
 
@@ -53,7 +69,7 @@ def _gluon_model(args):
     """The recipe's Gluon network, initialized with shapes resolved, and one fixed synthetic batch."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import mxnet as mx
-    trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads)
+    trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads, args.recipe_args)
     mx.random.seed(trainer.cfg.seed)
     ctx = mx.cpu()
     net = trainer.build_mxnet()
@@ -81,27 +97,46 @@ def _gluon_steps(net, opt, x, y, steps: int, normalize: int) -> float:
     return time.perf_counter() - start
 
 
-def _torch_model(args, size: int):
-    """The recipe's PyTorch model and its SGD optimizer (learning rate scaled by ``size``), threads set."""
+def _torch_model(args, size: int, device):
+    """The recipe's PyTorch model on ``device`` and its SGD optimizer (learning rate scaled by ``size``)."""
     import torch
     torch.set_num_threads(args.threads)
-    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads)
+    trainer = _recipe(args.recipe, "torch", args.batch_size, args.threads, args.recipe_args)
     cfg = trainer.cfg
     torch.manual_seed(cfg.seed)
-    model = trainer.build_torch()
+    model = trainer.build_torch().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.base_lr * size, momentum=cfg.momentum,
                           weight_decay=cfg.weight_decay)
     return trainer, model, opt
 
 
 def horovod_torch(args) -> dict:
+    """Horovod's PyTorch example loop: a GPU per rank by local rank, broadcast, DistributedOptimizer; with fp16 the
+    GradScaler order Horovod documents (synchronize, unscale, step inside skip_synchronize)."""
+    import torch
     import horovod.torch as hvd
     hvd.init()
-    trainer, model, opt = _torch_model(args, hvd.size())
+    device, synchronize = torch.device("cpu"), (lambda: None)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device, synchronize = torch.device("cuda", hvd.local_rank()), torch.cuda.synchronize
+    trainer, model, opt = _torch_model(args, hvd.size(), device)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": _torch_steps(model, opt, trainer, args)}
+
+    def step(opt, scaler):
+        if scaler is None:
+            opt.step()
+            return
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+
+    return {"rank": hvd.rank(), "size": hvd.size(),
+            "seconds": _torch_steps(model, opt, trainer, args, device, synchronize, step)}
 
 
 def horovod_mxnet(args) -> dict:
@@ -141,9 +176,9 @@ def ddp_torch(args) -> dict:
     import torch.distributed as dist
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
-    trainer, model, opt = _torch_model(args, size)
+    trainer, model, opt = _torch_model(args, size, torch.device("cpu"))
     model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
-    seconds = _torch_steps(model, opt, trainer, args)
+    seconds = _torch_steps(model, opt, trainer, args, torch.device("cpu"))
     dist.barrier()  # no rank tears the group down while its peer still talks to it (a SIGABRT was seen)
     dist.destroy_process_group()
     return {"rank": rank, "size": size, "seconds": seconds}
@@ -184,9 +219,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="PyTorch loops")
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
     argv = sys.argv[1:]
-    cut = argv.index("--") if "--" in argv else len(argv)  # loader: the recipe's own options come after --
+    cut = argv.index("--") if "--" in argv else len(argv)  # the recipe's own options come after --
     args = parser.parse_args(argv[:cut])
     args.recipe_args = argv[cut + 1:]
     out = LOOPS[args.loop](args)

@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 from ..config import ConfigError
 
@@ -53,13 +53,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_size: int, timeout: float) -> float:
-    """Global img/s of one run of a bare loop (hvdtrain.bench.loops) on ``np_`` local workers."""
+def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_size: int, timeout: float,
+             extra: Sequence[str] = ()) -> float:
+    """Global img/s of one run of a bare loop (hvdtrain.bench.loops) on ``np_`` local workers; ``extra``: more of
+    the loop's options (--precision P, then -- and the recipe's own)."""
     binary = os.path.dirname(sys.executable)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         args = ["--recipe", recipe, "--steps", str(steps), "--batch-size", str(batch_size), "--threads", str(threads),
-                "--result", result]
+                "--result", result, *extra]
         if loop == "ddp-torch":
             cmd = [os.path.join(binary, "torchrun"), "--nproc_per_node", str(np_), "--master_addr", "127.0.0.1",
                    "--master_port", str(free_port()), "-m", "hvdtrain.bench.loops", loop, *args]

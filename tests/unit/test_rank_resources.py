@@ -1,4 +1,4 @@
-"""Threads per rank: the cores a rank may use, divided among the ranks of its host that may use the same cores."""
+"""What each rank may use: threads from the cores it may run on (and the ranks that share them), and one GPU."""
 import pytest
 
 from hvdtrain.backends import base
@@ -50,3 +50,14 @@ def test_estimate_before_the_ranks_can_talk(monkeypatch, affinity, local_size, e
     assert estimated_threads(local_size) == expected
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
     assert estimated_threads(local_size) == 2
+
+
+def test_one_rank_per_gpu_by_local_rank():
+    from hvdtrain.backends.base import gpu_for_rank
+    from hvdtrain.config import ConfigError
+    assert [gpu_for_rank(r, 4, 4, None) for r in range(4)] == [0, 1, 2, 3]
+    assert gpu_for_rank(3, 4, 1, "5") == 0, "a launcher that gives each rank one GPU of its own"
+    with pytest.raises(ConfigError, match="4 ranks on this host but 2 GPU"):
+        gpu_for_rank(2, 4, 2, None)
+    with pytest.raises(ConfigError, match="one rank per GPU"):
+        gpu_for_rank(1, 2, 1, None)  # two ranks on one GPU
