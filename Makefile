@@ -20,7 +20,9 @@ NP          ?= 2
 DATA        ?= data/digits
 FASHION     := /usr/share/datasets/fashion-mnist
 DEMO_EPOCHS ?= 6
-PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q -c $(CONSTRAINTS)
+# numpy stays at 1.23.x wherever MXNet is installed (mxnet 1.9.1 breaks on numpy >= 1.24)
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-compile -q \
+	$(if $(filter mxnet,$(FRAMEWORKS)),-c $(CONSTRAINTS))
 
 ifdef HOROVOD_GPU_OPERATIONS
 export HOROVOD_GPU_OPERATIONS
