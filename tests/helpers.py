@@ -84,3 +84,29 @@ def have_mpirun() -> bool:
 
 def describe(result: Result) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-6000:]}"
+
+
+def why_no_netns() -> str:
+    """Why network-namespace hosts cannot be made here ("" when they can)."""
+    if os.geteuid() != 0:
+        return "needs root to create network namespaces"
+    if shutil.which("ip") is None:
+        return "needs iproute2 (ip)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"ip netns is unavailable here: {probe.stderr.strip()}"
+    return ""
+
+
+def hvdtrain_pids(namespace: str) -> list:
+    """The pids of hvdtrain processes running in network namespace ``namespace``."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"hvdtrain" in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out

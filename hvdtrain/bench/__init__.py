@@ -17,8 +17,8 @@ model, batch, optimizer and threads, at np = 1..N; the figure is step time hvdtr
 ``ddp``: the bare Horovod loop under ``horovodrun --gloo`` against PyTorch's DistributedDataParallel under ``torchrun``
 with the gloo backend (and hvdtrain beside them); the figure is throughput Horovod / DDP. ``ps``: the bare Horovod
 Gluon loop against the same loop on MXNet's parameter server (kvstore dist_sync, 1 and 2 servers on loopback), with
-the scaling efficiency of each. ``allreduce``: bus bandwidth per message size (:mod:`hvdtrain.bench.allreduce_worker`) and
-ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
+the scaling efficiency of each. ``allreduce``: bus bandwidth per message size
+(:mod:`hvdtrain.bench.allreduce_worker`) and ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
 against training on real and on synthetic data. Every comparison interleaves its variants within each round (A B C,
 then C B A) and reports median, min and max per variant.
 """

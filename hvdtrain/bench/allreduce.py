@@ -1,4 +1,5 @@
-"""``python -m hvdtrain bench allreduce``: allreduce bandwidth per message size and fusion settings on ResNet-50's gradients."""
+"""``python -m hvdtrain bench allreduce``: allreduce bandwidth per message size, and fusion settings on ResNet-50's
+gradients."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Dict
 
-from .runner import check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
+from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
 
 def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
@@ -36,7 +36,4 @@ def add_parser(sub) -> None:
     p = sub.add_parser("ddp", help="Horovod against PyTorch DistributedDataParallel (both on Gloo)")
     p.add_argument("--recipe", default="mnist")
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--output-dir", default="runs/bench")
+    add_run_arguments(p)

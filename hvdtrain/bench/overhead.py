@@ -1,10 +1,11 @@
-"""``python -m hvdtrain bench overhead``: the hvdtrain Trainer against a hand-written Horovod loop of the same framework."""
+"""``python -m hvdtrain bench overhead``: the hvdtrain Trainer against a hand-written Horovod loop of the same
+framework."""
 from __future__ import annotations
 
 import time
 from typing import Dict
 
-from .runner import check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
+from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
 
 def overhead(recipe: str, framework: str, max_np: int, rounds: int, steps: int, batch_size: int,
@@ -43,7 +44,4 @@ def add_parser(sub) -> None:
     p.add_argument("--recipe", default="mnist")
     p.add_argument("--framework", default="torch", choices=["torch", "mxnet"])
     p.add_argument("--max-np", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--output-dir", default="runs/bench")
+    add_run_arguments(p)

@@ -9,7 +9,7 @@ import tempfile
 import time
 from typing import Dict
 
-from .runner import check_sizes, compare, cores, free_port, run_loop, save, threads_per_rank
+from .runner import add_run_arguments, check_sizes, compare, cores, free_port, run_loop, save, threads_per_rank
 
 
 def _run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, batch_size: int,
@@ -98,7 +98,4 @@ def add_parser(sub) -> None:
     p = sub.add_parser("ps", help="Horovod against MXNet's parameter server (kvstore dist_sync, 1 and 2 servers)")
     p.add_argument("--recipe", default="mnist")
     p.add_argument("--np", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
-    p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--output-dir", default="runs/bench")
+    add_run_arguments(p)

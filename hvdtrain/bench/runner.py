@@ -134,3 +134,11 @@ def save(output_dir: str, name: str, result: Dict, groups: Dict[str, Dict[str, D
         json.dump(result, f, indent=2)
     plot_compare(groups, title, os.path.join(output_dir, f"{name}.png"))
     print(f"bench: wrote {output_dir}/{name}.json and {name}.png")
+
+
+def add_run_arguments(p) -> None:
+    """--rounds, --steps, --batch-size and --output-dir, as the throughput comparisons take them."""
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps per run")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--output-dir", default="runs/bench")

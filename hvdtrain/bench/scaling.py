@@ -1,4 +1,5 @@
-"""``python -m hvdtrain bench scaling``: throughput and scaling efficiency of a recipe at np = 1..N, interleaved rounds."""
+"""``python -m hvdtrain bench scaling``: throughput and scaling efficiency of a recipe at np = 1..N, in interleaved
+rounds."""
 from __future__ import annotations
 
 import argparse

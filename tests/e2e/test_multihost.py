@@ -4,7 +4,6 @@ user would from a login node; results must equal a localhost run of the same com
 """
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -12,22 +11,12 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import BIN, PY, ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
+from tests.helpers import (BIN, PY, ROOT, describe, env, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run,
+                           why_no_netns)
 
 CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
 TINY = "tests.tiny_recipe:TinyTrainer"
 TRAIN = ("--epochs", "3", "--threads", "1")  # one thread per rank: the two "hosts" share this machine's cores
-
-
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None:
-        return "needs iproute2 (ip)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        return f"ip netns is unavailable here: {probe.stderr.strip()}"
-    return ""
 
 
 @dataclass
@@ -53,22 +42,12 @@ class Cluster:
                 "-x", "PATH", "-x", "PYTHONPATH", *cmd]
 
     def python_processes(self, host: str) -> list:
-        ns = f"{self.prefix}h{host[len('host'):]}"
-        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-        out = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"hvdtrain" in f.read():
-                        out.append(pid)
-            except OSError:
-                continue
-        return out
+        return hvdtrain_pids(f"{self.prefix}h{host[len('host'):]}")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = _why_not()
+    why = why_no_netns()
     if why:
         pytest.skip(why)
     state = str(tmp_path_factory.mktemp("cluster"))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import BIN, PY, ROOT, describe, horovodrun, hvdtrain, kill_tree, run
+from tests.helpers import BIN, PY, ROOT, describe, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run, why_no_netns
 from tests.helpers import env as env_for_tests
 
 SLURM = os.path.join(ROOT, "scripts", "slurm_cluster.sh")
@@ -23,16 +23,12 @@ MPI_ENV = ["-mca", "pml", "ob1", "-mca", "btl", "^openib", "-mca", "btl_tcp_if_i
 
 
 def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "needs root to create network namespaces"
-    if shutil.which("ip") is None or shutil.which("nsenter") is None:
-        return "needs iproute2 (ip) and util-linux (nsenter)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        return f"ip netns is unavailable here: {probe.stderr.strip()}"
-    if shutil.which("mpirun") is None:
-        return "needs Open MPI (srun --mpi=pmix starts MPI ranks)"
-    return ""
+    why = why_no_netns()
+    if not why and shutil.which("nsenter") is None:
+        why = "needs util-linux (nsenter)"
+    if not why and shutil.which("mpirun") is None:
+        why = "needs Open MPI (srun --mpi=pmix starts MPI ranks)"
+    return why
 
 
 class Slurm:
@@ -172,14 +168,4 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
 def _hvdtrain_pids(state: str, host: str) -> list:
     with open(os.path.join(state, "net", "env")) as f:
         prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
-    pids = subprocess.run(["ip", "netns", "pids", f"{prefix}h{host[len('host'):]}"], capture_output=True,
-                          text=True).stdout.split()
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"hvdtrain" in f.read():
-                    out.append(pid)
-        except OSError:
-            continue
-    return out
+    return hvdtrain_pids(f"{prefix}h{host[len('host'):]}")
