@@ -54,6 +54,8 @@ class _Faults:
         import signal
         import time
         cfg = self.cfg
+        if x.ndim < 2:  # one sample (the Trainer reads one to learn the input shape): not a training batch
+            return x, y
         self.batches += 1
         if cfg.step_sleep and (not cfg.sleep_while or os.path.exists(cfg.sleep_while)):
             time.sleep(cfg.step_sleep)

@@ -35,10 +35,13 @@ def leftovers(out) -> list:
     return mine
 
 
-def test_killed_worker_ends_the_job_within_30s_and_checkpoints_survive(tmp_path):
+def test_killed_worker_ends_the_job_at_once_and_checkpoints_survive(tmp_path):
+    # The stall timeout is 120 s: a job that ends within 60 s (start-up and 20 steps included; about 15 s on an idle
+    # machine) was ended by the kill itself, not by a timeout.
     out = tmp_path / "run"
-    result, seconds = tiny(out, "--epochs", "50", "--fault", "kill", "--fault-step", "20", "--resume", "never")
-    assert result.returncode != 0 and seconds < 30, describe(result)
+    result, seconds = tiny(out, "--epochs", "50", "--fault", "kill", "--fault-step", "20", "--resume", "never",
+                           "--stall-timeout", "120")
+    assert result.returncode != 0 and seconds < 60, describe(result)
     assert "Process 1 exit with status code 137" in result.output, describe(result)
     assert leftovers(out) == [], "no process of the job is left behind"
     newest = checkpoint.latest_valid(str(out / "checkpoints"))
@@ -140,8 +143,7 @@ def test_non_finite_loss_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_pa
     assert all(map(lambda v: bool(abs(v).max() < 1e6), state["backend"]["model"].values()))
 
 
-@pytest.mark.parametrize("framework", ["torch", "mxnet"])
-@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+@pytest.mark.parametrize("framework, where", [("torch", "epoch-end"), ("mxnet", "mid-epoch")])
 def test_a_nan_on_another_rank_never_reaches_a_checkpoint(framework, where, tmp_path):
     # 4 steps an epoch. Rank 1 alone sees NaN inputs from the step just before a checkpoint (the last step of epoch
     # 2, or step 6 with a checkpoint every 2 steps): its NaN gradient is averaged into every rank's weights while rank
