@@ -11,7 +11,8 @@ is made, each to the end of its schedule:
     np=2 x accumulate 4   8B, the rate scaled x8: where the linear rule starts to strain
 
 Each arm's test accuracy per epoch goes to ``convergence.json`` and ``convergence.png`` (one line per arm), with the
-final accuracy, its difference from the reference, and the wall time of the arm. ``--seeds`` repeats every arm per
+final accuracy, its difference from the reference, and the wall time of the arm. Each finished arm also leaves
+``runs/ARM/arm.json``: run again with the same options, the benchmark reads finished arms instead of training them. ``--seeds`` repeats every arm per
 seed, to measure the spread that seeds alone give. The arms run one after another (not interleaved: this measures
 accuracy, not speed), so the wall times are comparable only on a quiet machine.
 """
@@ -37,11 +38,19 @@ def arm_name(np_: int, accumulate: int) -> str:
 
 def run_arm(recipe: str, framework: str, np_: int, accumulate: int, seed: int, extra: List[str], out: str,
             timeout: float) -> Dict:
-    """Train one arm to the end; its per-epoch records and wall time."""
+    """Train one arm to the end; its per-epoch records and wall time. An arm already trained with the same command
+    in ``out`` (its ``arm.json``) is read instead of trained again, so an interrupted benchmark resumes."""
+    done = os.path.join(out, "arm.json")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m", "hvdtrain",
            "recipe", recipe, "--framework", framework, "--accumulate", str(accumulate), "--seed", str(seed),
            "--resume", "never", "--output-dir", out, *extra]
+    if os.path.exists(done):
+        with open(done) as f:
+            previous = json.load(f)
+        if previous.get("command") == cmd[7:]:  # from "-m hvdtrain" on: the interpreter's path may differ
+            print(f"bench: {arm_name(np_, accumulate)}, seed {seed}: trained before, read from {done}", flush=True)
+            return previous["result"]
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
@@ -57,10 +66,13 @@ def run_arm(recipe: str, framework: str, np_: int, accumulate: int, seed: int, e
         records = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out, "config.json")) as f:
         config = json.load(f)
-    return {"np": np_, "accumulate": accumulate, "seed": seed, "global_batch": config["global_batch"],
-            "seconds": seconds, "val_accuracy": [r["val_accuracy"] for r in records],
-            "final_accuracy": records[-1]["val_accuracy"], "best_accuracy": max(r["val_accuracy"] for r in records),
-            "lr": [r["lr"] for r in records], "images_per_sec": [r["images_per_sec"] for r in records]}
+    result = {"np": np_, "accumulate": accumulate, "seed": seed, "global_batch": config["global_batch"],
+              "seconds": seconds, "val_accuracy": [r["val_accuracy"] for r in records],
+              "final_accuracy": records[-1]["val_accuracy"], "best_accuracy": max(r["val_accuracy"] for r in records),
+              "lr": [r["lr"] for r in records], "images_per_sec": [r["images_per_sec"] for r in records]}
+    with open(done, "w") as f:
+        json.dump({"command": cmd[7:], "result": result}, f, indent=2)
+    return result
 
 
 def convergence(recipe: str, framework: str, arms: List[Tuple[int, int]], seeds: List[int], extra: List[str],

@@ -117,5 +117,8 @@ def test_convergence_benchmark_trains_every_arm_and_charts_the_accuracy(tmp_path
         assert len(run_["val_accuracy"]) == 2 and run_["final_accuracy"] == run_["val_accuracy"][-1] > 0.9
     assert data["summary"]["np=1 x accumulate 1"]["points_from_reference"] == 0.0
     assert _png(out / "convergence.png")
+    again = run(hvdtrain("bench", "convergence", "--recipe", "tests.tiny_recipe:TinyTrainer", "--frameworks", "torch",
+                         "--arms", "1x1,2x1,1x2", "--output-dir", str(out), "--", "--epochs", "2"), timeout=120)
+    assert again.returncode == 0 and again.stdout.count("trained before, read from") == 3, describe(again)
     bad = run(hvdtrain("bench", "convergence", "--arms", "2y1", "--output-dir", str(tmp_path)), timeout=60)
     assert bad.returncode == 2 and "--arms must be NPxACCUMULATE pairs" in bad.stderr
