@@ -82,6 +82,23 @@ imagenet-synthetic: install
 			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
 	done
 
+# The ImageNet recipe on real images: Fashion-MNIST written as an ImageFolder of 32 px PNGs (and RecordIO), then
+# ResNet-18 with the large-batch recipe (warmup, cosine decay, label smoothing, mixup, no weight decay on biases and
+# BatchNorm, bf16) on $(NP) workers. FASHION_EPOCHS and FASHION_PER_CLASS (training images per class, 0: all) size it.
+FASHION_EPOCHS    ?= 10
+FASHION_PER_CLASS ?= 0
+FASHION_IMAGES    := runs/fashion-images
+$(FASHION_IMAGES)/train: | install
+	bash scripts/install_fashion_mnist.sh
+	$(PY) scripts/idx_to_imagefolder.py $(FASHION) $(FASHION_IMAGES) --names fashion --size 32 \
+		--train-per-class $(FASHION_PER_CLASS)
+imagenet-fashion: install $(FASHION_IMAGES)/train
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe imagenet --framework torch \
+		--data-dir $(FASHION_IMAGES) --model resnet18_v1b --image-size 32 --val-resize 32 --min-crop-area 0.5 \
+		--batch-size 64 --lr-per-256 0.4 --warmup-epochs 2 --epochs $(FASHION_EPOCHS) --lr-mode cosine --last-gamma \
+		--label-smoothing 0.1 --mixup 0.2 --mixup-off-epoch 2 --no-wd --precision bf16 --num-workers 1 --resume never \
+		--output-dir runs/imagenet-fashion
+
 # Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
 # sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
 # bandwidth and fusion settings, Horovod against MXNet's parameter server, and the ImageNet input pipelines
