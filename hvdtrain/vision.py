@@ -176,14 +176,14 @@ def read_index(idx_path: str) -> List[Tuple[int, int]]:
 
 
 class RecordIODataset(_Augmented):
-    """Random access to an indexed RecordIO file (``.rec`` + ``.idx``), in ``.idx`` order.
+    """Random access to an indexed RecordIO file (``.rec`` + ``.idx``), in the order of the records' keys.
 
     ``train`` and the transform's ``size`` / ``resize`` also tell the MXNet backend how to build its C++
     ``ImageRecordIter`` for training (sharded with num_parts/part_index)."""
 
     def __init__(self, rec_path: str, idx_path: str, transform: Optional[ImageTransform] = None, seed: int = 0):
         self.rec_path, self.idx_path, self.transform, self.seed = rec_path, idx_path, transform, seed
-        self.index = read_index(idx_path)
+        self.index = sorted(read_index(idx_path))  # key order: the ImageFolder's sample order (write_recordio)
         self._file = None
         self._pid = None
 
@@ -208,12 +208,17 @@ class RecordIODataset(_Augmented):
         return self._finish(decode_image(body, f"{self.rec_path} record {key}"), int(label), index)
 
 
-def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality: int = 95) -> int:
+def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality: int = 95, seed: int = 0) -> int:
     """Pack an ImageFolder into ``prefix.rec`` / ``prefix.idx`` (labels by class index). Images are stored as their
-    original bytes, or re-encoded as JPEG with the longer side capped at ``max_side`` when it is set."""
+    original bytes, or re-encoded as JPEG with the longer side capped at ``max_side`` when it is set.
+
+    The records are written in a shuffled order (fixed by ``seed``), as im2rec does: MXNet's ImageRecordIter gives
+    each rank a contiguous part of the file (num_parts/part_index) and shuffles only within it, so records in class
+    order would give each rank only some of the classes. Each record's key is still its sample index in the
+    ImageFolder, and RecordIODataset reads in key order, so both formats give the same sample for the same index."""
     tmp_rec, tmp_idx = prefix + ".rec.tmp", prefix + ".idx.tmp"
     try:
-        _write_records(folder, tmp_rec, tmp_idx, max_side, quality)
+        _write_records(folder, tmp_rec, tmp_idx, max_side, quality, seed)
     except BaseException:
         for tmp in (tmp_rec, tmp_idx):
             if os.path.exists(tmp):
@@ -224,10 +229,13 @@ def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality:
     return len(folder.samples)
 
 
-def _write_records(folder: ImageFolder, rec_path: str, idx_path: str, max_side: int, quality: int) -> None:
+def _write_records(folder: ImageFolder, rec_path: str, idx_path: str, max_side: int, quality: int,
+                   seed: int) -> None:
     from PIL import Image
+    order = np.random.default_rng(seed).permutation(len(folder.samples))
     with open(rec_path, "wb") as rec, open(idx_path, "w") as idx:
-        for key, (path, label) in enumerate(folder.samples):
+        for key in order.tolist():
+            path, label = folder.samples[key]
             if max_side:
                 img = decode_image(path, path)
                 img.thumbnail((max_side, max_side), Image.BILINEAR)
