@@ -82,22 +82,32 @@ imagenet-synthetic: install
 			--output-dir runs/imagenet-synthetic-$$fw --resume never | grep -E "img/s|hvdtrain:" || exit 1; \
 	done
 
-# The ImageNet recipe on real images: Fashion-MNIST written as an ImageFolder of 32 px PNGs (and RecordIO), then
-# ResNet-18 with the large-batch recipe (warmup, cosine decay, label smoothing, mixup, no weight decay on biases and
-# BatchNorm, bf16) on $(NP) workers. FASHION_EPOCHS and FASHION_PER_CLASS (training images per class, 0: all) size it.
+# The ImageNet recipe on real images: Fashion-MNIST written as an ImageFolder of 32 px PNGs and packed as RecordIO,
+# then ResNet-18 with the large-batch recipe (warmup, cosine decay, label smoothing, mixup, no weight decay on biases
+# and BatchNorm, bf16) on $(NP) workers: PyTorch reads the ImageFolder, MXNet the RecordIO (FASHION_FRAMEWORK=mxnet).
+# FASHION_EPOCHS and FASHION_PER_CLASS (training images per class, 0: all) size it; docs/convergence.md has the result.
 FASHION_EPOCHS    ?= 10
 FASHION_PER_CLASS ?= 0
+FASHION_FRAMEWORK ?= torch
 FASHION_IMAGES    := runs/fashion-images
-$(FASHION_IMAGES)/train: | install
+$(FASHION_IMAGES)/train.rec: | install
 	bash scripts/install_fashion_mnist.sh
 	$(PY) scripts/idx_to_imagefolder.py $(FASHION) $(FASHION_IMAGES) --names fashion --size 32 \
 		--train-per-class $(FASHION_PER_CLASS)
-imagenet-fashion: install $(FASHION_IMAGES)/train
-	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe imagenet --framework torch \
-		--data-dir $(FASHION_IMAGES) --model resnet18_v1b --image-size 32 --val-resize 32 --min-crop-area 0.5 \
+	$(PY) scripts/make_recordio.py $(FASHION_IMAGES) $(FASHION_IMAGES)
+imagenet-fashion: install $(FASHION_IMAGES)/train.rec
+	$(VENV)/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo $(PY) -m hvdtrain recipe imagenet \
+		--framework $(FASHION_FRAMEWORK) --data-dir $(FASHION_IMAGES) \
+		--data-format $(if $(filter mxnet,$(FASHION_FRAMEWORK)),recordio,imagefolder) \
+		--model resnet18_v1b --image-size 32 --val-resize 32 --min-crop-area 0.5 \
 		--batch-size 64 --lr-per-256 0.4 --warmup-epochs 2 --epochs $(FASHION_EPOCHS) --lr-mode cosine --last-gamma \
 		--label-smoothing 0.1 --mixup 0.2 --mixup-off-epoch 2 --no-wd --precision bf16 --num-workers 1 --resume never \
-		--output-dir runs/imagenet-fashion
+		--output-dir runs/imagenet-fashion-$(FASHION_FRAMEWORK)
+
+# Test accuracy of the fashion-mnist recipe at np=1, np=2 and with accumulation, both frameworks (about an hour on 2
+# cores): docs/convergence.md.
+convergence: install data-fashion
+	$(PY) -m hvdtrain bench convergence
 
 # Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
 # sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
