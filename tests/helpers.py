@@ -1,6 +1,7 @@
 """Running whole commands in tests: always under a hard timeout, killing every process of the job on expiry."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -96,6 +97,25 @@ def why_no_netns() -> str:
     if probe.returncode != 0:
         return f"ip netns is unavailable here: {probe.stderr.strip()}"
     return ""
+
+
+@contextlib.contextmanager
+def cluster_up(script: str, state: str, hosts: int, why_not: str = ""):
+    """``bash SCRIPT up STATE HOSTS`` (scripts/netns_cluster.sh, scripts/slurm_cluster.sh), then ``down STATE`` when
+    the block ends, however it ends; ``down`` must succeed. Skips with the reason when ``why_not`` names one, or when
+    the script says it needs something this machine lacks."""
+    import pytest
+    if why_not:
+        pytest.skip(why_not)
+    up = subprocess.run(["bash", script, "up", state, str(hosts)], capture_output=True, text=True, timeout=600)
+    try:
+        if up.returncode != 0 and "needs" in up.stderr:
+            pytest.skip(up.stderr.strip())
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield
+    finally:
+        down = subprocess.run(["bash", script, "down", state], capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def hvdtrain_pids(namespace: str) -> list:

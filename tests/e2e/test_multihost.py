@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import (BIN, PY, ROOT, describe, env, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run,
-                           why_no_netns)
+from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, hvdtrain_pids, kill_tree,
+                           run, why_no_netns)
 
 CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
 TINY = "tests.tiny_recipe:TinyTrainer"
@@ -47,22 +47,13 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = why_no_netns()
-    if why:
-        pytest.skip(why)
     state = str(tmp_path_factory.mktemp("cluster"))
-    up = subprocess.run(["bash", CLUSTER, "up", state, "2"], capture_output=True, text=True, timeout=600)
-    try:
-        if up.returncode != 0 and "needs" in up.stderr:
-            pytest.skip(up.stderr.strip())
-        assert up.returncode == 0, up.stdout + up.stderr
+    with cluster_up(CLUSTER, state, 2, why_no_netns()):
         with open(os.path.join(state, "env")) as f:
             prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
         with open(os.path.join(state, "hosts")) as f:
             hosts = dict(line.split() for line in f if line.strip())
         yield Cluster(state, prefix, hosts)
-    finally:
-        subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
 
 
 _references = {}

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import BIN, PY, ROOT, describe, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run, why_no_netns
+from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run,
+                           why_no_netns)
 from tests.helpers import env as env_for_tests
 
 SLURM = os.path.join(ROOT, "scripts", "slurm_cluster.sh")
@@ -49,20 +50,10 @@ class Slurm:
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    why = _why_not()
-    if why:
-        pytest.skip(why)
     state = str(tmp_path_factory.mktemp("slurm"))
-    up = subprocess.run(["bash", SLURM, "up", state, "2"], capture_output=True, text=True, timeout=600)
-    try:
-        if up.returncode != 0 and "needs" in up.stderr:
-            pytest.skip(up.stderr.strip())
-        assert up.returncode == 0, up.stdout + up.stderr
+    with cluster_up(SLURM, state, 2, _why_not()):
         yield Slurm(state)
-    finally:
-        down = subprocess.run(["bash", SLURM, "down", state], capture_output=True, text=True, timeout=120)
-        assert down.returncode == 0, down.stderr
-        assert not os.path.exists(os.path.join(state, "slurm.conf")) and not os.path.exists(f"{state}/spool")
+    assert not os.path.exists(os.path.join(state, "slurm.conf")) and not os.path.exists(f"{state}/spool")
 
 
 def sbatch(slurm, name: str, out: str, cpus: int, env: dict, timeout: float = 240):
@@ -123,7 +114,8 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(f"{out}/metrics.jsonl") or not read_metrics(out):
-            assert time.monotonic() < deadline and job.poll() is None, "the job never finished an epoch"
+            assert time.monotonic() < deadline and job.poll() is None, \
+                f"the job never finished an epoch:\n{_job_log(out)}"
             time.sleep(0.5)
         slurm.node("host1", "kill")
         # while Slurm notices (about 30 s), the same job uninterrupted on localhost, for the final accuracy
@@ -133,13 +125,16 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
                                      text=True, start_new_session=True)
         deadline = time.monotonic() + 90
         while "PENDING" not in slurm.jobs():
-            assert time.monotonic() < deadline, f"the job was not requeued: {slurm.jobs()}"
+            assert time.monotonic() < deadline, f"the job was not requeued: {slurm.jobs()}\n{_job_log(out)}"
             time.sleep(1)
-        log = open(f"{out}.log").read()
+        log = _job_log(out)
         assert "Node failure on host1" in log and "DUE TO NODE FAILURE" in log, log
-        deadline = time.monotonic() + 15  # srun's KillWait is 5 s
+        # slurmstepd ends the step's tasks on host0 with SIGTERM and, KillWait (5 s) later, SIGKILL; srun waits up to
+        # 7 s for the step: 30 s is far above both, far below a rank left hanging
+        deadline = time.monotonic() + 30
         while _hvdtrain_pids(slurm.state, "host0"):
-            assert time.monotonic() < deadline, "a rank is left running on the node that did not fail"
+            left = _describe_pids(_hvdtrain_pids(slurm.state, "host0"))
+            assert time.monotonic() < deadline, f"left running on host0, the node that did not fail:\n{left}\n{log}"
             time.sleep(0.5)
         slow.unlink()
         slurm.node("host1", "start")
@@ -149,6 +144,7 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         output, _ = job.communicate(timeout=180)
         ref_output, _ = reference.communicate(timeout=180)
     except BaseException:
+        print(f"squeue: {slurm.jobs()}\n{_job_log(out)}")  # shown by pytest with the failure
         subprocess.run(["bash", SLURM, "run", slurm.state, "scancel", "-n", "requeued"], timeout=30)
         for p in (job, locals().get("reference")):
             if p is not None:
@@ -159,10 +155,27 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
     log = open(f"{out}.log").read()
     assert "(restart 1)" in log and "hvdtrain: resuming from" in log and "hvdtrain: done" in log, log
     records = read_metrics(out)
-    assert [r["epoch"] for r in records] == list(range(1, 7))
+    assert [r["epoch"] for r in records] == list(range(1, 7)), log
     with open(os.path.join(out, "config.json")) as f:
         assert json.load(f)["threads_per_rank"] == 2
-    assert records[-1]["val_accuracy"] == read_metrics(local)[-1]["val_accuracy"]
+    reference_records = read_metrics(local)
+    assert records[-1]["val_accuracy"] == reference_records[-1]["val_accuracy"], (records, reference_records, log)
+
+
+def _job_log(out: str) -> str:
+    return open(f"{out}.log").read() if os.path.exists(f"{out}.log") else f"(no {out}.log yet)"
+
+
+def _describe_pids(pids: list) -> str:
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
+            lines.append(f"{pid}: {args[:300]}")
+        except OSError:
+            continue
+    return "\n".join(lines)
 
 
 def _hvdtrain_pids(state: str, host: str) -> list:
