@@ -118,15 +118,16 @@ def cluster_up(script: str, state: str, hosts: int, why_not: str = ""):
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def hvdtrain_pids(namespace: str) -> list:
-    """The pids of hvdtrain processes running in network namespace ``namespace``."""
+def hvdtrain_processes(namespace: str) -> dict:
+    """The hvdtrain processes running in network namespace ``namespace``: pid -> command line."""
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-    out = []
+    out = {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"hvdtrain" in f.read():
-                    out.append(pid)
+                args = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
+        if "hvdtrain" in args:
+            out[pid] = args
     return out

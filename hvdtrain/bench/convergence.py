@@ -12,9 +12,9 @@ is made, each to the end of its schedule:
 
 Each arm's test accuracy per epoch goes to ``convergence.json`` and ``convergence.png`` (one line per arm), with the
 final accuracy, its difference from the reference, and the wall time of the arm. Each finished arm also leaves
-``runs/ARM/arm.json``: run again with the same options, the benchmark reads finished arms instead of training them. ``--seeds`` repeats every arm per
-seed, to measure the spread that seeds alone give. The arms run one after another (not interleaved: this measures
-accuracy, not speed), so the wall times are comparable only on a quiet machine.
+``runs/ARM/arm.json``: run again with the same options, the benchmark reads finished arms instead of training them.
+``--seeds`` repeats every arm per seed, to measure the spread that seeds alone give. The arms run one after another
+(not interleaved: this measures accuracy, not speed), so the wall times are comparable only on a quiet machine.
 """
 from __future__ import annotations
 

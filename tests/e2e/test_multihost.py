@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, hvdtrain_pids, kill_tree,
-                           run, why_no_netns)
+from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, hvdtrain_processes,
+                           kill_tree, run, why_no_netns)
 
 CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
 TINY = "tests.tiny_recipe:TinyTrainer"
@@ -41,8 +41,8 @@ class Cluster:
                 "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",
                 "-x", "PATH", "-x", "PYTHONPATH", *cmd]
 
-    def python_processes(self, host: str) -> list:
-        return hvdtrain_pids(f"{self.prefix}h{host[len('host'):]}")
+    def python_processes(self, host: str) -> dict:
+        return hvdtrain_processes(f"{self.prefix}h{host[len('host'):]}")
 
 
 @pytest.fixture(scope="module")

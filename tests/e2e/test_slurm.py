@@ -12,8 +12,8 @@ import time
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, horovodrun, hvdtrain, hvdtrain_pids, kill_tree, run,
-                           why_no_netns)
+from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, horovodrun, hvdtrain, hvdtrain_processes, kill_tree,
+                           run, why_no_netns)
 from tests.helpers import env as env_for_tests
 
 SLURM = os.path.join(ROOT, "scripts", "slurm_cluster.sh")
@@ -132,9 +132,8 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         # slurmstepd ends the step's tasks on host0 with SIGTERM and, KillWait (5 s) later, SIGKILL; srun waits up to
         # 7 s for the step: 30 s is far above both, far below a rank left hanging
         deadline = time.monotonic() + 30
-        while _hvdtrain_pids(slurm.state, "host0"):
-            left = _describe_pids(_hvdtrain_pids(slurm.state, "host0"))
-            assert time.monotonic() < deadline, f"left running on host0, the node that did not fail:\n{left}\n{log}"
+        while left := _hvdtrain_processes(slurm.state, "host0"):
+            assert time.monotonic() < deadline, f"left running on host0, the node that did not fail: {left}\n{log}"
             time.sleep(0.5)
         slow.unlink()
         slurm.node("host1", "start")
@@ -152,7 +151,7 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         raise
     assert job.returncode == 0, output
     assert reference.returncode == 0, ref_output
-    log = open(f"{out}.log").read()
+    log = _job_log(out)
     assert "(restart 1)" in log and "hvdtrain: resuming from" in log and "hvdtrain: done" in log, log
     records = read_metrics(out)
     assert [r["epoch"] for r in records] == list(range(1, 7)), log
@@ -166,19 +165,7 @@ def _job_log(out: str) -> str:
     return open(f"{out}.log").read() if os.path.exists(f"{out}.log") else f"(no {out}.log yet)"
 
 
-def _describe_pids(pids: list) -> str:
-    lines = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                args = f.read().replace(b"\0", b" ").decode(errors="replace")
-            lines.append(f"{pid}: {args[:300]}")
-        except OSError:
-            continue
-    return "\n".join(lines)
-
-
-def _hvdtrain_pids(state: str, host: str) -> list:
+def _hvdtrain_processes(state: str, host: str) -> dict:
     with open(os.path.join(state, "net", "env")) as f:
         prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
-    return hvdtrain_pids(f"{prefix}h{host[len('host'):]}")
+    return hvdtrain_processes(f"{prefix}h{host[len('host'):]}")
