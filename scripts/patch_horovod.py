@@ -9,6 +9,14 @@
    parameters, which the completion callback frees, so when the op completes first (at once with one rank) the log
    reads freed memory and the process segfaults: about 1 run in 20 of a small MXNet job. The line is written before
    the op is queued.
+3. An idle background thread that costs a core's share: every HOROVOD_CYCLE_TIME (1 ms) the background thread of
+   every rank runs a negotiation round (a collective) whether or not a tensor is queued. With two ranks on two cores
+   that round competes with the compute all through the forward and backward passes. With HOROVOD_IDLE_WAIT set, a
+   rank with nothing queued and nothing in flight waits on a condition variable that the enqueue notifies (at most
+   50 ms, so shutdown, stall checks and a dead peer are still seen); HOROVOD_IDLE_WAIT=1 then lets one cycle pass
+   from the first tensor queued (the tensors of the rest of the backward pass join the same fused response),
+   HOROVOD_IDLE_WAIT=2 negotiates at once. Unset or 0 is Horovod's own loop. Only with a single process set and no
+   dynamic process sets (a rank waiting here takes part in no collective, so every set would have to be idle).
 
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
@@ -34,6 +42,83 @@ TRACE_BEFORE = '''  LOG(TRACE, horovod_global.global_controller->GetRank())
 '''
 TRACE_SITES = 3  # broadcast, alltoall, join
 
+QUEUE_H = os.path.join("horovod", "common", "tensor_queue.h")
+QUEUE_CC = os.path.join("horovod", "common", "tensor_queue.cc")
+# (file, old, new, count) for fix 3.
+IDLE_WAIT = [
+    (QUEUE_H, "#include <mutex>\n", "#include <chrono>\n#include <condition_variable>\n#include <mutex>\n", 1),
+    (QUEUE_H, "  void RemoveJoinTensor();\n", """  void RemoveJoinTensor();
+
+  // hvdtrain: block until a message is queued, a tensor is in flight, Wake() is called or timeout passes;
+  // true when it waited (the queue was idle).
+  bool WaitForWork(std::chrono::steady_clock::duration timeout);
+
+  void Wake();
+""", 1),
+    (QUEUE_H, "  mutable std::mutex mutex_;\n", """  mutable std::mutex mutex_;
+
+  std::condition_variable work_cv_;
+  bool wake_ = false;
+""", 1),
+    (QUEUE_CC, "  message_queue_.push(std::move(message));\n  return Status::OK();\n",
+     "  message_queue_.push(std::move(message));\n  work_cv_.notify_one();\n  return Status::OK();\n", 1),
+    (QUEUE_CC, "    message_queue_.push(std::move(messages[i]));\n  }\n  return Status::OK();\n",
+     "    message_queue_.push(std::move(messages[i]));\n  }\n  work_cv_.notify_one();\n  return Status::OK();\n", 1),
+    (QUEUE_CC, "// Remove JoinOp tensor from the table and execute the callback\n", """bool TensorQueue::WaitForWork(std::chrono::steady_clock::duration timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto ready = [this] { return wake_ || !message_queue_.empty() || !tensor_table_.empty(); };
+  bool waited = !ready();
+  if (waited) {
+    work_cv_.wait_for(lock, timeout, ready);
+  }
+  wake_ = false;
+  return waited;
+}
+
+void TensorQueue::Wake() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  wake_ = true;
+  work_cv_.notify_one();
+}
+
+// Remove JoinOp tensor from the table and execute the callback
+""", 1),
+    (OPERATIONS, """bool RunLoopOnce(HorovodGlobalState& state) {
+  // This delay determines thread frequency and communication message latency
+  auto start_time = std::chrono::steady_clock::now();
+""", """// hvdtrain: HOROVOD_IDLE_WAIT (0: cycle while idle, Horovod's loop; 1: wait for work, then one cycle time;
+// 2: wait for work, then negotiate at once), read once.
+static int IdleWaitMode() {
+  static const int mode = [] {
+    const char* value = std::getenv("HOROVOD_IDLE_WAIT");
+    return value == nullptr ? 0 : std::atoi(value);
+  }();
+  return mode;
+}
+
+bool RunLoopOnce(HorovodGlobalState& state) {
+  int idle_wait = IdleWaitMode();
+  if (idle_wait > 0 && !state.shut_down && !state.dynamic_process_sets &&
+      state.process_set_table.Ids().size() == 1) {
+    auto cycle = std::chrono::microseconds(
+        long(state.parameter_manager.CycleTimeMs() * 1000.));
+    if (state.process_set_table.Get(0).tensor_queue.WaitForWork(
+            std::chrono::milliseconds(50))) {
+      auto woke = std::chrono::steady_clock::now();
+      state.last_cycle_start = idle_wait == 1 ? woke : woke - cycle;
+    }
+  }
+  // This delay determines thread frequency and communication message latency
+  auto start_time = std::chrono::steady_clock::now();
+""", 1),
+    (OPERATIONS, """    horovod_global.shut_down = true;
+    horovod_global.background_thread.join();
+""", """    horovod_global.shut_down = true;
+    horovod_global.process_set_table.Get(0).tensor_queue.Wake();
+    horovod_global.background_thread.join();
+""", 1),
+]
+
 
 class PatchError(RuntimeError):
     pass
@@ -44,7 +129,7 @@ def _replace(path: str, old: str, new: str, count: int) -> str:
     with open(path) as f:
         text = f.read()
     found, done = text.count(old), text.count(new)
-    if found == 0 and done >= count:
+    if done >= count and (found == 0 or old in new):  # old in new: the fix inserts text around the old one
         return "already patched"
     if found != count:
         raise PatchError(f"{path}: expected {count} occurrence(s) of the text to patch, found {found}: "
@@ -53,13 +138,13 @@ def _replace(path: str, old: str, new: str, count: int) -> str:
         f.write(text.replace(old, new))
     return "patched"
 
-
 def patch(src: str) -> List[Tuple[str, str]]:
     """Apply every fix under ``src``; returns (file, outcome) pairs; PatchError says what did not fit."""
     if not os.path.isfile(os.path.join(src, OPERATIONS)):
         raise PatchError(f"{src} is not an unpacked Horovod source tree (no {OPERATIONS})")
     done = [(name, _replace(os.path.join(src, name), CXX14, CXX17, 1)) for name in CXX_FILES]
     done.append((OPERATIONS, _replace(os.path.join(src, OPERATIONS), TRACE_AFTER, TRACE_BEFORE, TRACE_SITES)))
+    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in IDLE_WAIT]
     return done
 
 

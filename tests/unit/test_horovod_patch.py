@@ -19,7 +19,11 @@ def fake_sdist(root):
     for name in patch_horovod.CXX_FILES:
         (root / name).write_text(f"project(x)\n{patch_horovod.CXX14}\n")
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
-    (root / patch_horovod.OPERATIONS).write_text(sites)
+    texts = {patch_horovod.OPERATIONS: [sites]}
+    for name, old, _new, _count in patch_horovod.IDLE_WAIT:
+        texts.setdefault(name, []).append(old)
+    for name, parts in texts.items():
+        (root / name).write_text("\n".join(parts))
     return root
 
 
@@ -31,9 +35,15 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
     ops = (src / patch_horovod.OPERATIONS).read_text()
     assert ops.count(patch_horovod.TRACE_BEFORE) == 3 and '"Enqueued "' not in ops
     assert ops.index('"Enqueueing "') < ops.index("AddToTensorQueue"), "the trace line comes before the queueing"
+    queue_cc = (src / patch_horovod.QUEUE_CC).read_text()
+    assert queue_cc.count("work_cv_.notify_one();") == 3, "both enqueues and Wake() notify the background thread"
+    assert "IdleWaitMode()" in ops and "tensor_queue.Wake();" in ops
+    later = patch_horovod.IDLE_WAIT
+    patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
-    assert again.returncode == 0 and again.stderr.count("already patched") == 3, again.stderr
-    assert (src / patch_horovod.OPERATIONS).read_text() == ops
+    fixes = 3 + len(later)
+    assert again.returncode == 0 and again.stderr.count("already patched") == fixes, again.stderr
+    assert all((src / name).read_text() == text for name, text in patched.items()), "a second run changed a file"
 
 
 def test_a_tree_that_does_not_fit_is_refused_with_the_reason(tmp_path):
