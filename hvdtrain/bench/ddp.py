@@ -1,34 +1,80 @@
-"""``python -m hvdtrain bench ddp``: Horovod against PyTorch DistributedDataParallel on the same cores."""
+"""``python -m hvdtrain bench ddp``: Horovod against PyTorch DistributedDataParallel on the same cores.
+
+The base comparison is three variants at ``--np`` workers: the bare Horovod loop (Gloo), the same loop on DDP (gloo)
+and hvdtrain. ``--same-cores`` adds each at np=1 with all the cores to one rank (the scaling a user of one machine
+sees: np=2 x 1 thread against np=1 x 2 threads), hvdtrain on MXNet included. ``--candidates`` adds hvdtrain under
+each Horovod setting of ``CANDIDATES``, the measurements behind hvdtrain's defaults.
+"""
 from __future__ import annotations
 
 import time
-from typing import Dict
+from typing import Callable, Dict
 
 from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
+# Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (HOROVOD_IDLE_WAIT=2 and one
+# allreduce group on the CPU; docs/benchmarks.md lists the figures). HOROVOD_IDLE_WAIT comes from hvdtrain's patch of
+# Horovod (scripts/patch_horovod.py, fix 3).
+CANDIDATES: Dict[str, Dict[str, str]] = {
+    "Horovod's loop, per-gradient allreduces": {"HOROVOD_IDLE_WAIT": "0", "ALLREDUCE_GROUPS": "0"},
+    "Horovod's loop, one group": {"HOROVOD_IDLE_WAIT": "0"},
+    "cycle 5 ms, one group": {"HOROVOD_IDLE_WAIT": "0", "HOROVOD_CYCLE_TIME": "5"},
+    "idle wait then a cycle, one group": {"HOROVOD_IDLE_WAIT": "1"},
+    "idle wait, per-gradient allreduces": {"ALLREDUCE_GROUPS": "0"},
+    "no response cache": {"HOROVOD_CACHE_CAPACITY": "0"},
+}
 
-def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:
-    """Horovod (bare loop, Gloo) against PyTorch DDP (gloo), with hvdtrain beside them, at ``np_`` workers."""
-    threads = threads_per_rank(np_)
+
+def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_cores: bool = False,
+        candidates: bool = False, timeout: float = 600) -> Dict:
+    threads, all_threads = threads_per_rank(np_), cores()
     extra = ["--synthetic", "--batch-size", str(batch_size)]
-    res = compare({
+    variants: Dict[str, Callable[[], float]] = {
         "horovod": lambda: run_loop("horovod-torch", recipe, np_, threads, steps, batch_size, timeout),
         "ddp": lambda: run_loop("ddp-torch", recipe, np_, threads, steps, batch_size, timeout),
         "hvdtrain": lambda: run_recipe(recipe, "torch", np_, threads, steps, extra, timeout),
-    }, rounds)
-    return {"benchmark": "ddp", "recipe": recipe, "framework": "torch", "np": np_, "threads_per_rank": threads,
-            "cores": cores(), "rounds": rounds, "steps": steps, "batch_size": batch_size, "variants": res,
-            "horovod_over_ddp": res["horovod"]["images_per_sec"] / res["ddp"]["images_per_sec"],
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    }
+    if same_cores:
+        variants.update({
+            "ddp np=1": lambda: run_loop("ddp-torch", recipe, 1, all_threads, steps, batch_size, timeout),
+            "hvdtrain np=1": lambda: run_recipe(recipe, "torch", 1, all_threads, steps, extra, timeout),
+            "hvdtrain mxnet": lambda: run_recipe(recipe, "mxnet", np_, threads, steps, extra, timeout),
+            "hvdtrain mxnet np=1": lambda: run_recipe(recipe, "mxnet", 1, all_threads, steps, extra, timeout),
+        })
+    if candidates:
+        for name, env in CANDIDATES.items():
+            groups = ["--allreduce-groups", env["ALLREDUCE_GROUPS"]] if "ALLREDUCE_GROUPS" in env else []
+            variants[f"hvdtrain, {name}"] = lambda env=env, groups=groups: run_recipe(
+                recipe, "torch", np_, threads, steps, extra + groups, timeout,
+                {k: v for k, v in env.items() if k.startswith("HOROVOD_")})
+    res = compare(variants, rounds)
+    ips = {name: v["images_per_sec"] for name, v in res.items()}
+    result = {"benchmark": "ddp", "recipe": recipe, "framework": "torch", "np": np_, "threads_per_rank": threads,
+              "cores": all_threads, "rounds": rounds, "steps": steps, "batch_size": batch_size, "variants": res,
+              "horovod_over_ddp": ips["horovod"] / ips["ddp"], "hvdtrain_over_ddp": ips["hvdtrain"] / ips["ddp"],
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if same_cores:
+        result["same_cores"] = {"ddp": ips["ddp"] / ips["ddp np=1"], "hvdtrain": ips["hvdtrain"] / ips["hvdtrain np=1"],
+                                "hvdtrain mxnet": ips["hvdtrain mxnet"] / ips["hvdtrain mxnet np=1"]}
+    if candidates:
+        result["candidates"] = {name: {"env": env, "over_ddp": ips[f"hvdtrain, {name}"] / ips["ddp"]}
+                                for name, env in CANDIDATES.items()}
+    return result
 
 
 def run(args) -> int:
     check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
-    result = ddp(args.recipe, args.np, args.rounds, args.steps, args.batch_size)
+    result = ddp(args.recipe, args.np, args.rounds, args.steps, args.batch_size, args.same_cores, args.candidates)
     v = result["variants"]
     print(f"np={args.np}: Horovod {v['horovod']['images_per_sec']:.1f} img/s, DDP {v['ddp']['images_per_sec']:.1f} "
-          f"img/s, hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s; Horovod/DDP {result['horovod_over_ddp']:.3f}")
-    save(args.output_dir, "ddp", result, {f"np={args.np}": v}, f"{args.recipe}: Horovod vs PyTorch DDP (gloo)")
+          f"img/s, hvdtrain {v['hvdtrain']['images_per_sec']:.1f} img/s; Horovod/DDP {result['horovod_over_ddp']:.3f}, "
+          f"hvdtrain/DDP {result['hvdtrain_over_ddp']:.3f}")
+    for name, ratio in result.get("same_cores", {}).items():
+        print(f"same cores, {name}: np={args.np} / np=1 {ratio:.3f}")
+    for name, c in result.get("candidates", {}).items():
+        print(f"candidate {name}: hvdtrain/DDP {c['over_ddp']:.3f}")
+    save(args.output_dir, "ddp", result, {f"np={args.np}": {k: v[k] for k in ("horovod", "ddp", "hvdtrain")}},
+         f"{args.recipe}: Horovod vs PyTorch DDP (gloo)")
     return 0
 
 
@@ -36,4 +82,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("ddp", help="Horovod against PyTorch DistributedDataParallel (both on Gloo)")
     p.add_argument("--recipe", default="mnist")
     p.add_argument("--np", type=int, default=2)
+    p.add_argument("--same-cores", action="store_true",
+                   help="also np=1 with every core to one rank: the scaling on one machine, MXNet included")
+    p.add_argument("--candidates", action="store_true", help="also hvdtrain under each Horovod setting measured")
     add_run_arguments(p)

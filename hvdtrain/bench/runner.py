@@ -8,14 +8,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from ..config import ConfigError
 
 
 def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, extra: List[str],
-              timeout: float) -> float:
-    """Global img/s of one short run of ``recipe`` on ``np_`` local workers."""
+              timeout: float, env: Optional[Dict[str, str]] = None) -> float:
+    """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         cmd = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m", "hvdtrain",
@@ -23,7 +23,8 @@ def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, 
                "--max-steps", str(steps), "--threads", str(threads), "--resume", "never", "--output-dir", out,
                *extra]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                                  env=dict(os.environ, **(env or {})))
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"bench: np={np_} did not finish within {timeout:.0f}s: {' '.join(cmd)}") from None
         if proc.returncode != 0:
@@ -54,7 +55,7 @@ def free_port() -> int:
 
 
 def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_size: int, timeout: float,
-             extra: Sequence[str] = ()) -> float:
+             extra: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> float:
     """Global img/s of one run of a bare loop (hvdtrain.bench.loops) on ``np_`` local workers; ``extra``: more of
     the loop's options (--precision P, then -- and the recipe's own)."""
     binary = os.path.dirname(sys.executable)
@@ -68,7 +69,8 @@ def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_s
         else:
             cmd = [os.path.join(binary, "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
                    sys.executable, "-m", "hvdtrain.bench.loops", loop, *args]
-        out_json = run_worker(cmd, result, timeout, f"{loop} np={np_}", {"OMP_NUM_THREADS": str(threads)})
+        out_json = run_worker(cmd, result, timeout, f"{loop} np={np_}",
+                              {"OMP_NUM_THREADS": str(threads), **(env or {})})
         return float(out_json["images_per_sec"])
 
 
