@@ -78,6 +78,10 @@ class TrainConfig:
     """Combine gradients with Horovod's Adasum instead of averaging (PyTorch only)."""
     predivide: float = 1.0
     """Gradient predivide factor: divide by this before the allreduce and by size/this after."""
+    allreduce_groups: int = -1
+    """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
+    queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): 1 on the CPU,
+    where the cores that would overlap are the ones computing, 0 on a GPU."""
     data_dir: str = ""
     """Directory of the dataset (the recipe says which files it needs)."""
     synthetic: bool = False
@@ -141,6 +145,9 @@ class TrainConfig:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
         if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs must be between 0 and --epochs ({self.epochs}), got {self.warmup_epochs}")
+        if self.allreduce_groups < -1:
+            raise ConfigError(f"--allreduce-groups must be -1 (auto), 0 or a number of groups, got "
+                              f"{self.allreduce_groups}")
         if self.predivide <= 0:
             raise ConfigError(f"--predivide must be positive, got {self.predivide}")
         if not 0 < self.lr_decay <= 1:

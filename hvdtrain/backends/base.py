@@ -127,6 +127,9 @@ def horovod_environment(cfg) -> None:
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, cfg.stall_timeout // 2)))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", timeout)
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
+    # hvdtrain's Horovod (scripts/patch_horovod.py, fix 3): an idle background thread waits for a tensor instead of
+    # negotiating every cycle, and negotiates at once when one comes (docs/benchmarks.md, "Horovod against DDP").
+    os.environ.setdefault("HOROVOD_IDLE_WAIT", "2")
     if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     if cfg.autotune:
@@ -200,6 +203,13 @@ class Backend(abc.ABC):
         rows = self.allgather_floats([host_key()] + encode_cores(mine))
         here = [decode_cores(row[1:]) for row in rows if row[0] == rows[self.rank][0]]
         return cpu_threads_per_rank(mine, here, 0, slurm_cpus_per_task())
+
+    def allreduce_groups(self, cfg) -> int:
+        """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a
+        GPU (per-gradient allreduces overlap the backward pass there)."""
+        if cfg.allreduce_groups >= 0:
+            return cfg.allreduce_groups
+        return 0 if self.on_gpu else 1
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

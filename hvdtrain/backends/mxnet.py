@@ -181,7 +181,7 @@ class MXNetBackend(Backend):
         self.trainer = hvd.DistributedTrainer(
             params, opt,
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-            gradient_predivide_factor=cfg.predivide)
+            gradient_predivide_factor=cfg.predivide, num_groups=self.allreduce_groups(cfg))
         self.broadcast_state()
 
     def _structural_params(self) -> Dict[str, Any]:

@@ -102,7 +102,8 @@ class TorchBackend(Backend):
             compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
             backward_passes_per_step=cfg.accumulate,
             op=hvd.Adasum if cfg.adasum else hvd.Average,
-            gradient_predivide_factor=cfg.predivide)
+            gradient_predivide_factor=cfg.predivide,
+            groups=self.allreduce_groups(cfg) or None)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
         if cfg.dynamic_loss_scale():
