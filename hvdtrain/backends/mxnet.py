@@ -363,13 +363,22 @@ class MXNetBackend(Backend):
                 print("hvdtrain: warning: resuming inside an epoch from RecordIO on MXNet: the rest of the epoch reads "
                       "the record file in a fresh order (the C++ reader's order and augmentation cannot be replayed)",
                       file=sys.stderr, flush=True)
-            return self._record_iter(dataset, len(sampler) // batch_size, batch_size)
+            return self._record_iter(dataset, len(sampler) // batch_size, batch_size, self.decode_threads(num_workers))
         loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
                                                num_workers=num_workers)
         return map(self._to_device, loader)
 
-    def _record_iter(self, dataset: RecordIODataset, steps: int, batch_size: int) -> Iterator[Any]:
+    def decode_threads(self, num_workers: int) -> int:
+        """ImageRecordIter's decode threads: ``--num-workers`` when given; on a GPU the rank's CPU threads (none of
+        them computes); on the CPU one, because every core of the rank already computes and a second decode thread
+        only takes time from it (one thread decodes small images far faster than a CPU trains on them: docs/
+        benchmarks.md, "Input pipeline")."""
+        if num_workers > 0:
+            return num_workers
+        return self.threads if self.on_gpu else 1
+
+    def _record_iter(self, dataset: RecordIODataset, steps: int, batch_size: int, threads: int) -> Iterator[Any]:
         """Training batches from MXNet's C++ ImageRecordIter, this rank's part of the file (num_parts/part_index),
         with the same augmentation as ImageTransform; exactly ``steps`` batches (the iterator restarts if a short
         part runs out), so every rank runs the same number of steps."""
@@ -383,7 +392,7 @@ class MXNetBackend(Backend):
             random_resized_crop=True, min_random_area=t.min_area, max_random_area=1.0,
             min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=t.flip,
             mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2],
-            preprocess_threads=self.threads, round_batch=True)
+            preprocess_threads=threads, round_batch=True)
         done = 0
         while done < steps:
             before = done
