@@ -31,7 +31,7 @@ export HVDTRAIN_FRAMEWORKS := $(FRAMEWORKS)
 FRAMEWORK_SPECS := $(if $(filter torch,$(FRAMEWORKS)),"$(TORCH_SPEC)") \
 	$(if $(filter mxnet,$(FRAMEWORKS)),"$(MXNET_SPEC)" "$(GLUONCV_SPEC)")
 
-.PHONY: install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench \
+.PHONY: install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network \
 	convergence test test-unit data doctor clean
 
 install: deps horovod
@@ -116,7 +116,7 @@ convergence: install data-fashion
 # docs/benchmarks.md explains the figures.
 BENCH_STEPS ?= 200
 BENCH_PHOTOS := runs/bench/photos
-BENCH_INPUT := --image-size 64 --model resnet18_v1b --batch-size 8 --num-workers 1 --data-dir $(BENCH_PHOTOS)
+BENCH_INPUT := --image-size 64 --model resnet18_v1b --batch-size 8 --data-dir $(BENCH_PHOTOS)
 $(BENCH_PHOTOS)/train.rec: | install
 	$(PY) scripts/make_photo_folder.py $(BENCH_PHOTOS) --tile 80 --train-per-class 256 --val-per-class 16
 	$(PY) scripts/make_recordio.py $(BENCH_PHOTOS) $(BENCH_PHOTOS)
@@ -126,13 +126,19 @@ bench: install $(BENCH_PHOTOS)/train.rec
 	$(PY) -m hvdtrain bench scaling --recipe mnist --framework mxnet --max-np $(NP) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework torch --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench overhead --recipe mnist --framework mxnet --max-np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
-	$(PY) -m hvdtrain bench ddp --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-torch
+	$(PY) -m hvdtrain bench ddp --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --same-cores --candidates \
+		--output-dir runs/bench/mnist-torch
 	$(PY) -m hvdtrain bench ps --recipe mnist --np $(NP) --steps $(BENCH_STEPS) --output-dir runs/bench/mnist-mxnet
 	$(PY) -m hvdtrain bench allreduce --np $(NP) --output-dir runs/bench/allreduce
 	$(PY) -m hvdtrain bench input --recipe imagenet --framework torch --output-dir runs/bench/input-torch -- \
-		$(BENCH_INPUT) --data-format imagefolder
+		$(BENCH_INPUT) --data-format imagefolder --num-workers 1
 	$(PY) -m hvdtrain bench input --recipe imagenet --framework mxnet --output-dir runs/bench/input-mxnet -- \
 		$(BENCH_INPUT) --data-format recordio
+
+# Horovod's ring against MXNet's parameter server over rate-limited links between 2, 3 and 4 namespace hosts (root;
+# about 10 minutes on 2 cores): runs/bench/network/network.json and network.png.
+bench-network: install
+	$(PY) -m hvdtrain bench network --output-dir runs/bench/network
 
 # The real-data tests want Fashion-MNIST: installed where possible, skipped with the reason where not.
 test: install

@@ -28,7 +28,7 @@ import argparse
 import importlib
 from typing import List
 
-BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "allreduce", "input", "convergence", "amp")
+BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "convergence", "amp")
 """Module names under hvdtrain.bench, in the order ``bench -h`` lists them."""
 
 

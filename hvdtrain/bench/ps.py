@@ -7,34 +7,50 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from .runner import add_run_arguments, check_sizes, compare, cores, free_port, run_loop, save, threads_per_rank
 
 
-def _run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, batch_size: int,
-            timeout: float) -> float:
+Place = Callable[[str, int], Tuple[List[str], str, str]]
+"""(role, index) -> (the command prefix that runs a process on that role's host, the host's address, its interface);
+roles: scheduler, server, worker."""
+
+
+def loopback(role: str, index: int) -> Tuple[List[str], str, str]:
+    return [], "127.0.0.1", "lo"
+
+
+def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, batch_size: int,
+           timeout: float, place: Place = loopback, recipe_args: Sequence[str] = ()) -> float:
     """Global img/s of the bare Gluon loop on MXNet's parameter server: a scheduler, ``servers`` servers and
-    ``workers`` workers on loopback, each in its own session so that none outlives the run (a stale scheduler or
-    server on the port breaks the next run)."""
+    ``workers`` workers, on loopback or where ``place`` puts them, each in its own session so that none outlives the
+    run (a stale scheduler or server on the port breaks the next run). ``recipe_args``: the recipe's own options."""
     import signal
-    base = dict(os.environ, DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT=str(free_port()),
-                DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers), DMLC_NODE_HOST="127.0.0.1",
-                DMLC_INTERFACE="lo", OMP_NUM_THREADS=str(threads))
+    base = dict(os.environ, DMLC_PS_ROOT_URI=place("scheduler", 0)[1], DMLC_PS_ROOT_PORT=str(free_port()),
+                DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers), OMP_NUM_THREADS=str(threads))
+
+    def env(role: str, index: int) -> Tuple[List[str], Dict[str, str]]:
+        prefix, address, interface = place(role, index)
+        return prefix, dict(base, DMLC_ROLE=role, DMLC_NODE_HOST=address, DMLC_INTERFACE=interface)
+
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         procs = []
         try:
-            for role in ["scheduler"] + ["server"] * servers:  # MXNet starts the role when imported
-                procs.append(subprocess.Popen([sys.executable, "-c", "import mxnet"], env=dict(base, DMLC_ROLE=role),
+            for role, index in [("scheduler", 0)] + [("server", j) for j in range(servers)]:
+                prefix, role_env = env(role, index)  # MXNet starts the role when imported
+                procs.append(subprocess.Popen([*prefix, sys.executable, "-c", "import mxnet"], env=role_env,
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                               start_new_session=True))
-            workers_ = [subprocess.Popen([sys.executable, "-m", "hvdtrain.bench.loops", "ps-mxnet", "--recipe",
-                                          recipe, "--steps", str(steps), "--batch-size", str(batch_size), "--threads",
-                                          str(threads), "--result", result],
-                                         env=dict(base, DMLC_ROLE="worker"), stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-                        for _ in range(workers)]
+            workers_ = []
+            for i in range(workers):
+                prefix, role_env = env("worker", i)
+                workers_.append(subprocess.Popen(
+                    [*prefix, sys.executable, "-m", "hvdtrain.bench.loops", "ps-mxnet", "--recipe", recipe, "--steps",
+                     str(steps), "--batch-size", str(batch_size), "--threads", str(threads), "--result", result,
+                     "--", *recipe_args],
+                    env=role_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
             procs += workers_
             deadline = time.monotonic() + timeout
             for w in workers_:
@@ -65,9 +81,9 @@ def parameter_server(recipe: str, np_: int, rounds: int, steps: int, batch_size:
     res = compare({
         "horovod np=1": lambda: run_loop("horovod-mxnet", recipe, 1, threads, steps, batch_size, timeout),
         f"horovod np={np_}": lambda: run_loop("horovod-mxnet", recipe, np_, threads, steps, batch_size, timeout),
-        "ps 1 server np=1": lambda: _run_ps(recipe, 1, 1, threads, steps, batch_size, timeout),
-        f"ps 1 server np={np_}": lambda: _run_ps(recipe, np_, 1, threads, steps, batch_size, timeout),
-        f"ps 2 servers np={np_}": lambda: _run_ps(recipe, np_, 2, threads, steps, batch_size, timeout),
+        "ps 1 server np=1": lambda: run_ps(recipe, 1, 1, threads, steps, batch_size, timeout),
+        f"ps 1 server np={np_}": lambda: run_ps(recipe, np_, 1, threads, steps, batch_size, timeout),
+        f"ps 2 servers np={np_}": lambda: run_ps(recipe, np_, 2, threads, steps, batch_size, timeout),
     }, rounds)
     med = {k: v["images_per_sec"] for k, v in res.items()}
     return {"benchmark": "ps", "recipe": recipe, "framework": "mxnet", "np": np_, "threads_per_rank": threads,

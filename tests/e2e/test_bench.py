@@ -1,8 +1,11 @@
 """Smoke test of the benchmark command at its smallest size: the JSON schema and the chart. No speed is asserted."""
 import json
 import os
+import subprocess
 
-from tests.helpers import PY, ROOT, describe, hvdtrain, run
+import pytest
+
+from tests.helpers import PY, ROOT, describe, hvdtrain, run, why_no_netns
 
 
 def test_scaling_benchmark_writes_json_and_png(tmp_path):
@@ -122,3 +125,37 @@ def test_convergence_benchmark_trains_every_arm_and_charts_the_accuracy(tmp_path
     assert again.returncode == 0 and again.stdout.count("trained before, read from") == 3, describe(again)
     bad = run(hvdtrain("bench", "convergence", "--arms", "2y1", "--output-dir", str(tmp_path)), timeout=60)
     assert bad.returncode == 2 and "--arms must be NPxACCUMULATE pairs" in bad.stderr
+
+
+def _netns_and_links() -> tuple:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    return sorted(netns.split()), sorted(line.split(":")[1].strip() for line in links.splitlines())
+
+
+def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp_path):
+    """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links, the Horovod ring and
+    both parameter-server layouts, each against its 1-host baseline; every namespace and link removed afterwards."""
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    before = _netns_and_links()
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "network", "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
+                          "--steps", "3", "--output-dir", str(out)), timeout=400)
+    assert result.returncode == 0, describe(result)
+    assert "every link limited to 200mbit each way" in result.stdout, describe(result)
+    data = json.loads((out / "network.json").read_text())
+    assert data["benchmark"] == "network" and data["rate_bits_per_sec"] == 200e6
+    assert [r["hosts"] for r in data["rows"]] == [1, 2]
+    for row in data["rows"]:
+        for arm in ("horovod", "ps 1 server", "ps server per host"):
+            assert row[arm]["images_per_sec"] > 0 and row[arm]["efficiency"] > 0, row
+    assert all(data["rows"][0][arm]["efficiency"] == 1.0 for arm in ("horovod", "ps 1 server"))
+    assert _png(out / "network.png")
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+
+
+def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
+    result = run(hvdtrain("bench", "network", "--rate", "fast", "--output-dir", str(tmp_path)), timeout=60)
+    assert result.returncode != 0 and "--rate 'fast': give a rate in tc's syntax" in result.stderr, describe(result)

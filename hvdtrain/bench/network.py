@@ -1,0 +1,231 @@
+"""``python -m hvdtrain bench network``: Horovod's ring against MXNet's parameter server over rate-limited links.
+
+The MXNet article's comparison (a single parameter server scaled to 38% where Horovod's ring held) is about network
+bandwidth, which loopback does not have. This benchmark builds the hosts of ``scripts/netns_cluster.sh`` (one network
+namespace per host, joined by a bridge; root only), limits every host's link in both directions with a ``tc tbf``
+rate limit, and trains the same Gluon network with the same fixed batch, one rank per host, in three ways:
+
+- ``horovod``: the bare Horovod loop under ``horovodrun --gloo`` over ssh (ring allreduce: each host sends and
+  receives 2(n-1)/n of the gradients per step, whatever n is);
+- ``ps 1 server``: ``kvstore='dist_sync'`` with the scheduler and a single server on host0 (host0's link carries
+  every other worker's gradients in and their weights out: (n-1) times the gradients each way);
+- ``ps server per host``: one server on every host (MXNet splits each large array across the servers, so each link
+  carries about what the ring's does).
+
+At 1 host there is no network: each arm runs its own single-worker baseline on host0, and scaling efficiency at n
+hosts is img/s(n) / (n x img/s(1)) of that arm, as the article reports it. The network is the MNIST recipe's with a
+wide hidden layer (``--hidden``, 512 by default: 1.6 M of its 1.63 M parameters, 6.5 MB of gradients per step) and
+1 Gbit/s links, so that moving the gradients weighs about as much as computing them, as it does for ResNet-50 on
+V100s over 25 Gbit/s Ethernet (docs/benchmarks.md works the figures out).
+Every namespace, link and process is removed at the end, however the run ends; traffic stays between the namespaces.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+from ..config import ConfigError
+from .ps import run_ps
+from .runner import check_sizes, compare, run_worker
+
+CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                       "netns_cluster.sh")
+
+
+def rate_bits(rate: str) -> float:
+    """tc's rate syntax (``500mbit``, ``1gbit``, ``100kbit``) in bits per second."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            try:
+                value = float(rate[:-len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise ConfigError(f"--rate {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
+
+
+class Cluster:
+    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i."""
+
+    def __init__(self, state: str, hosts: int):
+        self.state = state
+        env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "env")) if "=" in line)
+        self.ns_prefix = env["NETNS_PREFIX"]
+        self.addresses = [line.split()[1] for line in open(os.path.join(state, "hosts")) if line.strip()][:hosts]
+
+    def prefix(self, host: int) -> List[str]:
+        return ["ip", "netns", "exec", f"{self.ns_prefix}h{host}"]
+
+    def links(self) -> Iterator[Tuple[List[str], str]]:
+        """(command prefix, device) of both ends of every host's link: its own eth0 (what it sends) and its port on
+        the bridge (what it receives)."""
+        for i in range(len(self.addresses)):
+            yield self.prefix(i), "eth0"
+            yield [], f"{self.ns_prefix}v{i}"
+
+
+def _run(cmd: Sequence[str], what: str, timeout: float = 600) -> str:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench: {what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def shaped_cluster(hosts: int, rate: str) -> Iterator[Cluster]:
+    """``hosts`` namespace hosts, every link limited to ``rate`` each way; all of it removed on the way out."""
+    if os.geteuid() != 0:
+        raise ConfigError("bench network needs root (network namespaces and tc)")
+    if not os.path.exists(CLUSTER):
+        raise ConfigError(f"bench network needs the repository's scripts/netns_cluster.sh (not found at {CLUSTER})")
+    # tbf's bucket must hold at least one timer tick of traffic at the rate (tc's own rule of thumb: rate / HZ).
+    burst = max(32 * 1024, int(rate_bits(rate) / 8 / 100))
+    # A kill (SIGTERM) unwinds like Ctrl-C, so the namespaces and links go with the run.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-net-") as state:
+        try:
+            _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")
+            cluster = Cluster(state, hosts)
+            for prefix, dev in cluster.links():
+                _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
+                      "latency", "50ms"], f"tc on {dev}")
+            print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)",
+                  flush=True)
+            yield cluster
+        finally:
+            subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _horovod(cluster: Cluster, n: int, steps: int, batch_size: int, recipe_args: Sequence[str],
+             timeout: float) -> float:
+    binary = os.path.dirname(sys.executable)
+    hosts = ",".join(f"host{i}:1" for i in range(n)) if n > 1 else "localhost:1"
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
+        cmd = [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n),
+               "-H", hosts, "--gloo", sys.executable, "-m", "hvdtrain.bench.loops", "horovod-mxnet", "--recipe",
+               "mnist", "--steps", str(steps), "--batch-size", str(batch_size), "--threads", "1", "--result",
+               result, "--", *recipe_args]
+        return float(run_worker(cmd, result, timeout, f"horovod on {n} host(s)", {"OMP_NUM_THREADS": "1"})
+                     ["images_per_sec"])
+
+
+def _ps(cluster: Cluster, n: int, servers: int, steps: int, batch_size: int, recipe_args: Sequence[str],
+        timeout: float) -> float:
+    def place(role: str, index: int):
+        host = 0 if role == "scheduler" else index  # server j on host j, worker i on host i
+        return cluster.prefix(host), cluster.addresses[host], "eth0"
+    return run_ps("mnist", n, servers, 1, steps, batch_size, timeout, place, recipe_args)
+
+
+def gradient_bytes(hidden: int) -> int:
+    """Bytes of float32 gradients of the benchmark's network (the recipe's, the same on both frameworks)."""
+    from .loops import _recipe
+    trainer = _recipe("mnist", "torch", 32, 1, ["--hidden", str(hidden)])
+    return 4 * sum(p.numel() for p in trainer.build_torch().parameters())
+
+
+ARMS = ("horovod", "ps 1 server", "ps server per host")
+
+
+def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
+            timeout: float = 600) -> Dict:
+    recipe_args = ["--hidden", str(hidden)]
+    with shaped_cluster(max(hosts), rate) as cluster:
+        variants = {
+            "horovod n=1": lambda: _horovod(cluster, 1, steps, batch_size, recipe_args, timeout),
+            "ps n=1": lambda: _ps(cluster, 1, 1, steps, batch_size, recipe_args, timeout),
+        }
+        for n in hosts:
+            variants[f"horovod n={n}"] = lambda n=n: _horovod(cluster, n, steps, batch_size, recipe_args, timeout)
+            variants[f"ps 1 server n={n}"] = lambda n=n: _ps(cluster, n, 1, steps, batch_size, recipe_args, timeout)
+            variants[f"ps server per host n={n}"] = lambda n=n: _ps(cluster, n, n, steps, batch_size, recipe_args,
+                                                                    timeout)
+        res = compare(variants, rounds)
+    ips = {k: v["images_per_sec"] for k, v in res.items()}
+    base = {"horovod": ips["horovod n=1"], "ps 1 server": ips["ps n=1"], "ps server per host": ips["ps n=1"]}
+    rows = [{"hosts": 1, **{arm: {"images_per_sec": base[arm], "efficiency": 1.0} for arm in ARMS}}]
+    for n in hosts:
+        rows.append({"hosts": n, **{arm: {"images_per_sec": ips[f"{arm} n={n}"],
+                                          "efficiency": ips[f"{arm} n={n}"] / (n * base[arm])} for arm in ARMS}})
+    gradient_mb = gradient_bytes(hidden) / 1e6
+    return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
+            "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
+            "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
+                "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
+                "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
+            "rounds": rounds, "steps": steps, "batch_size": batch_size, "threads_per_rank": 1, "variants": res,
+            "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def plot(result: Dict, path: str) -> None:
+    """The article's picture: images/s against hosts as bars per arm, scaling efficiency as lines against 100%."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    hosts = [r["hosts"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(ARMS)
+    for i, arm in enumerate(ARMS):
+        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[arm]["images_per_sec"] for r in rows], width,
+               label=f"{arm} (img/s)", alpha=0.6)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([str(h) for h in hosts])
+    ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}")
+    ax.set_ylabel("images / s (global)")
+    eff = ax.twinx()
+    for arm, marker in zip(ARMS, "osd"):
+        eff.plot(range(len(rows)), [100 * r[arm]["efficiency"] for r in rows], marker=marker, label=f"{arm} (%)")
+    eff.plot(range(len(rows)), [100] * len(rows), "k:", linewidth=1)
+    eff.set_ylim(0, 110)
+    eff.set_ylabel("scaling efficiency (%)")
+    ax.set_title(f"Horovod ring vs parameter server, {result['model']} ({result['gradient_mb']:.0f} MB gradients)",
+                 fontsize=9)
+    lines = ax.get_legend_handles_labels()
+    more = eff.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    check_sizes(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
+    hosts = sorted({int(h) for h in args.hosts.split(",")})
+    if not hosts or hosts[0] < 2:
+        raise ConfigError(f"--hosts {args.hosts!r}: give host counts of at least 2, e.g. 2,3,4")
+    rate_bits(args.rate)
+    result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size)
+    for row in result["rows"]:
+        print(f"{row['hosts']} host(s): " + ", ".join(
+            f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
+    os.makedirs(args.output_dir, exist_ok=True)
+    import json
+    with open(os.path.join(args.output_dir, "network.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    plot(result, os.path.join(args.output_dir, "network.png"))
+    print(f"bench: wrote {args.output_dir}/network.json and network.png")
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("network", help="Horovod's ring against MXNet's parameter server over rate-limited links "
+                                       "between namespace hosts (root)")
+    p.add_argument("--hosts", default="2,3,4", help="host counts to run, comma-separated (each at least 2)")
+    p.add_argument("--rate", default="1gbit", help="every link's limit each way, in tc's syntax")
+    p.add_argument("--hidden", type=int, default=512, help="the network's hidden units (its gradient size)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--output-dir", default="runs/bench")
