@@ -78,6 +78,12 @@ class TrainConfig:
     """Combine gradients with Horovod's Adasum instead of averaging (PyTorch only)."""
     predivide: float = 1.0
     """Gradient predivide factor: divide by this before the allreduce and by size/this after."""
+    reseed: Literal["step", "checkpoint"] = "step"
+    """When the framework's generator (dropout masks) is reseeded from (seed, epoch, position, rank): before every
+    step, so that a run stopped after any step and resumed there draws what it would have drawn; or only where a run
+    can resume from a checkpoint (an epoch's start, a resumed position, after each --checkpoint-every-steps
+    checkpoint or elastic commit), which saves MXNet's reseed of its parallel generators (about 1 ms a step on the
+    CPU) while a --max-steps stop or a kill resumed mid-epoch then draws other masks."""
     allreduce_groups: int = -1
     """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
     queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): 1 on the CPU,

@@ -194,7 +194,7 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch, steps)
         sums: Dict[str, Any] = {}
-        done, start, bad, lr = 0, time.perf_counter(), 0, backend.get_lr()
+        done, start, bad, lr, resumable = 0, time.perf_counter(), 0, backend.get_lr(), True
         self.phases.reset()
         for i in range(steps):
             position = offset + i * global_batch  # samples of this epoch consumed before this step
@@ -203,7 +203,9 @@ class Trainer:
             self.phases.begin_step(self.global_step + 1)
             # Every random number of a step derives from (seed, epoch, position, rank), the framework's too (dropout):
             # a run stopped after any step (--max-steps, a kill) and resumed there draws what it would have drawn.
-            backend.seed(self._rank_seed(epoch, position))
+            # With --reseed checkpoint the framework's generator is reseeded only where a run can resume.
+            backend.seed(self._rank_seed(epoch, position), framework=cfg.reseed == "step" or i == 0 or resumable)
+            resumable = False
             lr = self.lr_at(epoch + position / len(train_set))
             backend.set_lr(lr)
             mix = float(np.random.default_rng([cfg.seed, epoch, position]).beta(cfg.mixup, cfg.mixup)) \
@@ -221,7 +223,7 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_log(self, self.global_step, logged)
             if i + 1 < steps:
-                self._mid_epoch_save(epoch, position + global_batch)
+                resumable = self._mid_epoch_save(epoch, position + global_batch)
             self.phases.end_step()
             self._timeline_window(after_step=True)
             if self._reached_max_steps():
@@ -253,14 +255,19 @@ class Trainer:
             self.backend.check_membership()
         return record
 
-    def _mid_epoch_save(self, epoch: int, offset: int) -> None:
+    def _mid_epoch_save(self, epoch: int, offset: int) -> bool:
+        """Commit (elastic) and checkpoint where due; True when a run may resume at ``offset``."""
         cfg = self.cfg
+        resumable = False
         if cfg.elastic and cfg.commit_every and self.global_step % cfg.commit_every == 0:
             self.commit(epoch, offset)
+            resumable = True
         if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0:
+            resumable = True
             # Horovod: every rank takes part in the decision, rank 0 writes.
             if self._healthy_everywhere() and self.backend.rank == 0:
                 self.save_checkpoint(epoch, offset)
+        return resumable
 
     def commit(self, epoch: int, offset: int, check: bool = True) -> None:
         """Elastic mode: remember this position (and the backend's model and optimizer) as the point to roll back

@@ -243,8 +243,8 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def seed(self, seed: int) -> None:
-        """Seed Python's, numpy's and the framework's generators (dropout masks)."""
+    def seed(self, seed: int, framework: bool = True) -> None:
+        """Seed Python's and numpy's generators, and with ``framework`` the framework's (dropout masks)."""
 
     # --- data ------------------------------------------------------------------------------------------------------
     def check_data(self, train_set: Any, cfg) -> None:

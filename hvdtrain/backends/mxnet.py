@@ -322,10 +322,11 @@ class MXNetBackend(Backend):
     def get_lr(self) -> float:
         return float(self.trainer.learning_rate)
 
-    def seed(self, seed: int) -> None:
+    def seed(self, seed: int, framework: bool = True) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)
-        self.mx.random.seed(seed % 2 ** 31, ctx="all")
+        if framework:  # reseeds MXNet's parallel generators too: about 1 ms on the CPU
+            self.mx.random.seed(seed % 2 ** 31, ctx="all")
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):

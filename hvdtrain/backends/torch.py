@@ -243,10 +243,11 @@ class TorchBackend(Backend):
     def get_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def seed(self, seed: int) -> None:
+    def seed(self, seed: int, framework: bool = True) -> None:
         random.seed(seed)
         np.random.seed(seed % 2 ** 32)
-        torch.manual_seed(seed)
+        if framework:
+            torch.manual_seed(seed)
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):

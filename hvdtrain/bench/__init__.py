@@ -1,4 +1,4 @@
-"""``python -m hvdtrain bench scaling|overhead|ddp|ps|allreduce|input|convergence``: measured side by side.
+"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|convergence|amp``: measured side by side.
 
 One module per benchmark (its name), each with ``add_parser(sub)`` and ``run(args)``; :mod:`.runner` holds what they
 share; :mod:`.loops` and :mod:`.allreduce_worker` are the worker programs they launch.
@@ -17,7 +17,8 @@ model, batch, optimizer and threads, at np = 1..N; the figure is step time hvdtr
 ``ddp``: the bare Horovod loop under ``horovodrun --gloo`` against PyTorch's DistributedDataParallel under ``torchrun``
 with the gloo backend (and hvdtrain beside them); the figure is throughput Horovod / DDP. ``ps``: the bare Horovod
 Gluon loop against the same loop on MXNet's parameter server (kvstore dist_sync, 1 and 2 servers on loopback), with
-the scaling efficiency of each. ``allreduce``: bus bandwidth per message size
+the scaling efficiency of each; ``network``: the same over rate-limited links between 2-4 namespace hosts
+(:mod:`hvdtrain.bench.network`). ``allreduce``: bus bandwidth per message size
 (:mod:`hvdtrain.bench.allreduce_worker`) and ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
 against training on real and on synthetic data. Every comparison interleaves its variants within each round (A B C,
 then C B A) and reports median, min and max per variant.

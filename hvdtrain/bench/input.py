@@ -1,4 +1,6 @@
-"""``python -m hvdtrain bench input``: the input pipeline alone against training on real and synthetic data."""
+"""``python -m hvdtrain bench input``: the input pipeline alone against training on real and synthetic data.
+
+Training throughput is the steady state: ``--steps`` steps after the first ``--steps`` (see ``steady`` below)."""
 from __future__ import annotations
 
 import argparse
@@ -23,11 +25,19 @@ def input_pipeline(recipe: str, framework: str, np_: int, rounds: int, steps: in
                    "--result", result, "--", "--framework", framework, "--threads", str(threads), *recipe_args]
             return float(run_worker(cmd, result, timeout, "loader", {})["images_per_sec"])
 
+    def steady(args: List[str]) -> float:
+        """Training img/s of steps steps+1..2 x steps: a run of 2 x steps less a run of steps. The Trainer's epoch
+        time includes the loader's start (worker processes, ImageRecordIter's threads and first batches), which an
+        epoch of thousands of steps pays once and a run of 30 steps pays in full; the difference cancels it. A run's
+        seconds are steps x batch / img/s, so the batch cancels too."""
+        short = run_recipe(recipe, framework, np_, threads, steps, args, timeout)
+        long = run_recipe(recipe, framework, np_, threads, 2 * steps, args, timeout)
+        return 1.0 / (2.0 / long - 1.0 / short)
+
     res = compare({
         "loader": loader_alone,
-        "train-real": lambda: run_recipe(recipe, framework, np_, threads, steps, recipe_args, timeout),
-        "train-synthetic": lambda: run_recipe(recipe, framework, np_, threads, steps, [*recipe_args, "--synthetic"],
-                                             timeout),
+        "train-real": lambda: steady(recipe_args),
+        "train-synthetic": lambda: steady([*recipe_args, "--synthetic"]),
     }, rounds)
     real, synthetic, loader = (res[k]["images_per_sec"] for k in ("train-real", "train-synthetic", "loader"))
     # The loader alone is one process; np processes each run one.

@@ -15,7 +15,7 @@ rate limit, and trains the same Gluon network with the same fixed batch, one ran
 At 1 host there is no network: each arm runs its own single-worker baseline on host0, and scaling efficiency at n
 hosts is img/s(n) / (n x img/s(1)) of that arm, as the article reports it. The network is the MNIST recipe's with a
 wide hidden layer (``--hidden``, 512 by default: 1.6 M of its 1.63 M parameters, 6.5 MB of gradients per step) and
-1 Gbit/s links, so that moving the gradients weighs about as much as computing them, as it does for ResNet-50 on
+2 Gbit/s links, so that moving the gradients weighs about as much as computing them, as it does for ResNet-50 on
 V100s over 25 Gbit/s Ethernet (docs/benchmarks.md works the figures out).
 Every namespace, link and process is removed at the end, however the run ends; traffic stays between the namespaces.
 """
@@ -175,7 +175,7 @@ def plot(result: Dict, path: str) -> None:
     import matplotlib.pyplot as plt
     rows = result["rows"]
     hosts = [r["hosts"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.8))
     width = 0.8 / len(ARMS)
     for i, arm in enumerate(ARMS):
         ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[arm]["images_per_sec"] for r in rows], width,
@@ -194,7 +194,8 @@ def plot(result: Dict, path: str) -> None:
                  fontsize=9)
     lines = ax.get_legend_handles_labels()
     more = eff.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+              ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -223,7 +224,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("network", help="Horovod's ring against MXNet's parameter server over rate-limited links "
                                        "between namespace hosts (root)")
     p.add_argument("--hosts", default="2,3,4", help="host counts to run, comma-separated (each at least 2)")
-    p.add_argument("--rate", default="1gbit", help="every link's limit each way, in tc's syntax")
+    p.add_argument("--rate", default="2gbit", help="every link's limit each way, in tc's syntax")
     p.add_argument("--hidden", type=int, default=512, help="the network's hidden units (its gradient size)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")

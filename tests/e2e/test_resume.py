@@ -52,11 +52,19 @@ def test_stopped_at_any_step_and_resumed_equals_uninterrupted(framework, digits,
     assert "resuming from" in resumed.output and "(epoch 1, step 37)" in resumed.output, describe(resumed)
     assert [r["epoch"] for r in read_metrics(split)] == [1, 2, 3, 4]
 
-    a = checkpoint.load(checkpoint.latest_valid(os.path.join(full, "checkpoints")))
-    b = checkpoint.load(checkpoint.latest_valid(os.path.join(split, "checkpoints")))
-    assert a["trainer"]["epoch"] == b["trainer"]["epoch"] == 4
-    assert a["trainer"]["global_step"] == b["trainer"]["global_step"] == 88
-    fa, fb = dict(flat(a["backend"])), dict(flat(b["backend"]))
+    assert_same_end(full, split, epochs=4, steps=88)
+
+
+def _final(out: str, epochs: int, steps: int) -> dict:
+    state = checkpoint.load(checkpoint.latest_valid(os.path.join(out, "checkpoints")))
+    assert state["trainer"]["epoch"] == epochs and state["trainer"]["global_step"] == steps
+    return dict(flat(state["backend"]))
+
+
+def assert_same_end(full: str, split: str, epochs: int, steps: int) -> None:
+    """The last checkpoints of both runs hold the same bits, and the metrics of the last epoch (which neither run
+    resumed into: a resumed epoch's train_loss covers the steps after the resume only) are equal."""
+    fa, fb = _final(full, epochs, steps), _final(split, epochs, steps)
     assert fa.keys() == fb.keys()
     for key in fa:
         if isinstance(fa[key], np.ndarray):
@@ -65,6 +73,26 @@ def test_stopped_at_any_step_and_resumed_equals_uninterrupted(framework, digits,
             assert fa[key] == fb[key], key
     la, lb = read_metrics(full)[-1], read_metrics(split)[-1]
     assert la["val_accuracy"] == lb["val_accuracy"] and la["train_loss"] == lb["train_loss"]
+
+
+def test_reseed_at_checkpoints_resumes_exactly_from_a_checkpoint_boundary_only(digits, tmp_path):
+    """--reseed checkpoint (MXNet, where the per-step reseed costs about 1 ms): a run stopped at a
+    --checkpoint-every-steps boundary resumes bitwise equal to the uninterrupted run; one stopped between
+    boundaries does not (dropout draws other masks): the framework's generator really is left alone there."""
+    def train(out, *extra):
+        cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", "mxnet", "--data-dir", digits, "--epochs",
+               "3", "--reseed", "checkpoint", "--checkpoint-every-steps", "5", "--output-dir", out, *extra]
+        result = run(horovodrun(2, *cmd), timeout=240)
+        assert result.returncode == 0, describe(result)
+
+    full, at_boundary, between = (str(tmp_path / name) for name in ("full", "at-35", "at-37"))
+    train(full, "--resume", "never")
+    for out, stop in ((at_boundary, "35"), (between, "37")):
+        train(out, "--resume", "never", "--max-steps", stop)
+        train(out)
+    assert_same_end(full, at_boundary, epochs=3, steps=66)
+    with pytest.raises(AssertionError):
+        assert_same_end(full, between, epochs=3, steps=66)
 
 
 def test_resume_of_a_finished_run_trains_nothing(digits, tmp_path):
