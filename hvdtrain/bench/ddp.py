@@ -12,14 +12,14 @@ from typing import Callable, Dict
 
 from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
-# Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (HOROVOD_IDLE_WAIT=2 and one
+# Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (HOROVOD_IDLE_WAIT=1 and one
 # allreduce group on the CPU; docs/benchmarks.md lists the figures). HOROVOD_IDLE_WAIT comes from hvdtrain's patch of
-# Horovod (scripts/patch_horovod.py, fix 3).
+# Horovod (scripts/patch_horovod.py, fix 3). ALLREDUCE_GROUPS becomes --allreduce-groups.
 CANDIDATES: Dict[str, Dict[str, str]] = {
     "Horovod's loop, per-gradient allreduces": {"HOROVOD_IDLE_WAIT": "0", "ALLREDUCE_GROUPS": "0"},
     "Horovod's loop, one group": {"HOROVOD_IDLE_WAIT": "0"},
     "cycle 5 ms, one group": {"HOROVOD_IDLE_WAIT": "0", "HOROVOD_CYCLE_TIME": "5"},
-    "idle wait then a cycle, one group": {"HOROVOD_IDLE_WAIT": "1"},
+    "idle wait then negotiate at once, one group": {"HOROVOD_IDLE_WAIT": "2"},
     "idle wait, per-gradient allreduces": {"ALLREDUCE_GROUPS": "0"},
     "no response cache": {"HOROVOD_CACHE_CAPACITY": "0"},
 }

@@ -179,7 +179,8 @@ def test_optimizer_options_train_alike_on_every_rank(framework, tmp_path_factory
     common = dict(max_steps=8, epochs=2)
     runs = {}
     for name, kw in (("base", {}), ("predivide", {"predivide": 2.0}), ("fp16_allreduce", {"fp16_allreduce": True}),
-                     ("nesterov", {"nesterov": True})):
+                     ("nesterov", {"nesterov": True}), ("per_gradient", {"allreduce_groups": 0}),
+                     ("two_groups", {"allreduce_groups": 2})):
         t = tiny(framework, tmp_path_factory, **kw, **common)
         start, end = trained(t)
         assert_moved(start, end)
@@ -191,6 +192,9 @@ def test_optimizer_options_train_alike_on_every_rank(framework, tmp_path_factory
         np.testing.assert_allclose(runs["predivide"][name], base[name], rtol=1e-4, atol=1e-5, err_msg=name)
         # fp16 gradients on the wire: about 3 significant digits per step
         np.testing.assert_allclose(runs["fp16_allreduce"][name], base[name], rtol=2e-2, atol=2e-3, err_msg=name)
+        # the allreduce per gradient (Horovod's default, a GPU's) and two groups sum the same numbers as one group
+        for grouping in ("per_gradient", "two_groups"):
+            np.testing.assert_allclose(runs[grouping][name], base[name], rtol=1e-4, atol=1e-5, err_msg=name)
     assert any(np.abs(runs["nesterov"][n] - base[n]).max() > 1e-4 for n in base), "--nesterov changes the update"
 
 

@@ -49,6 +49,7 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"resume": "/nonexistent/ckpt.npz"}, "--resume must be auto, never or an existing checkpoint file"),
     ({"adasum": True, "precision": "fp16"}, "--adasum cannot be combined with loss scaling"),
     ({"adasum": True, "loss_scale": "dynamic"}, "--adasum cannot be combined with loss scaling"),
+    ({"allreduce_groups": -2}, "--allreduce-groups must be -1 (auto), 0 or a number of groups, got -2"),
 ])
 def test_validate_names_the_flag(kw, fragment):
     with pytest.raises(ConfigError) as e:
