@@ -109,7 +109,7 @@ imagenet-fashion: install $(FASHION_IMAGES)/train.rec
 convergence: install data-fashion
 	$(PY) -m hvdtrain bench convergence
 
-# Side-by-side benchmarks (about 15 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
+# Side-by-side benchmarks (about 22 minutes on 2 cores), in runs/bench/: the MNIST recipe on synthetic data -- scaling
 # sweep (np = 1..NP) and hvdtrain against a bare Horovod loop on both frameworks, Horovod against DDP --, allreduce
 # bandwidth and fusion settings, Horovod against MXNet's parameter server, and the ImageNet input pipelines
 # (ImageFolder on PyTorch, RecordIO on MXNet) on a generated photo folder with ResNet-18 at 64 px.
@@ -136,7 +136,7 @@ bench: install $(BENCH_PHOTOS)/train.rec
 		$(BENCH_INPUT) --data-format recordio
 
 # Horovod's ring against MXNet's parameter server over rate-limited links between 2, 3 and 4 namespace hosts (root;
-# about 10 minutes on 2 cores): runs/bench/network/network.json and network.png.
+# about 3 minutes on 2 cores): runs/bench/network/network.json and network.png.
 bench-network: install
 	$(PY) -m hvdtrain bench network --output-dir runs/bench/network
 
