@@ -207,10 +207,10 @@ class Backend(abc.ABC):
 
     def allreduce_groups(self, cfg) -> int:
         """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a
-        GPU (per-gradient allreduces overlap the backward pass there)."""
+        GPU (per-gradient allreduces overlap the backward pass there) and none in elastic mode (see the config)."""
         if cfg.allreduce_groups >= 0:
             return cfg.allreduce_groups
-        return 0 if self.on_gpu else 1
+        return 0 if self.on_gpu or cfg.elastic else 1
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

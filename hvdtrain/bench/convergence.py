@@ -26,7 +26,7 @@ import time
 from typing import Dict, List, Tuple
 
 from ..config import ConfigError
-from .runner import check_sizes
+from .runner import check_sizes, write
 
 ARMS: List[Tuple[int, int]] = [(1, 1), (2, 1), (1, 2), (2, 2), (2, 4)]
 """(workers, accumulate) of each arm; the first is the reference."""
@@ -153,10 +153,7 @@ def run(args) -> int:
             print(f"{framework} {name}: {100 * s['final_accuracy']:.2f}% ({s['points_from_reference']:+.2f} points "
                   f"from {result['reference']}" + (f", spread {100 * s['spread']:.2f} over {s['seeds']} seeds" if
                                                    s["seeds"] > 1 else "") + ")")
-    with open(os.path.join(args.output_dir, "convergence.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    plot_convergence(results, os.path.join(args.output_dir, "convergence.png"))
-    print(f"bench: wrote {args.output_dir}/convergence.json and convergence.png")
+    write(args.output_dir, "convergence", results, lambda path: plot_convergence(results, path))
     return 0
 
 

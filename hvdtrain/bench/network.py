@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 from ..config import ConfigError
 from .ps import run_ps
-from .runner import check_sizes, compare, run_worker
+from .runner import check_sizes, compare, run_worker, write
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
                        "netns_cluster.sh")
@@ -211,12 +211,7 @@ def run(args) -> int:
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
-    os.makedirs(args.output_dir, exist_ok=True)
-    import json
-    with open(os.path.join(args.output_dir, "network.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    plot(result, os.path.join(args.output_dir, "network.png"))
-    print(f"bench: wrote {args.output_dir}/network.json and network.png")
+    write(args.output_dir, "network", result, lambda path: plot(result, path))
     return 0
 
 

@@ -129,13 +129,18 @@ def plot_compare(groups: Dict[str, Dict[str, Dict]], title: str, path: str) -> N
     plt.close(fig)
 
 
-def save(output_dir: str, name: str, result: Dict, groups: Dict[str, Dict[str, Dict]], title: str) -> None:
-    """NAME.json and NAME.png (grouped bars of the variants) in ``output_dir``."""
+def write(output_dir: str, name: str, result, draw: Callable[[str], None]) -> None:
+    """NAME.json (``result``) and NAME.png (``draw(path)`` draws it) in ``output_dir``."""
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
-    plot_compare(groups, title, os.path.join(output_dir, f"{name}.png"))
+    draw(os.path.join(output_dir, f"{name}.png"))
     print(f"bench: wrote {output_dir}/{name}.json and {name}.png")
+
+
+def save(output_dir: str, name: str, result: Dict, groups: Dict[str, Dict[str, Dict]], title: str) -> None:
+    """NAME.json and NAME.png (grouped bars of the variants) in ``output_dir``."""
+    write(output_dir, name, result, lambda path: plot_compare(groups, title, path))
 
 
 def add_run_arguments(p) -> None:

@@ -50,6 +50,7 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"adasum": True, "precision": "fp16"}, "--adasum cannot be combined with loss scaling"),
     ({"adasum": True, "loss_scale": "dynamic"}, "--adasum cannot be combined with loss scaling"),
     ({"allreduce_groups": -2}, "--allreduce-groups must be -1 (auto), 0 or a number of groups, got -2"),
+    ({"allreduce_groups": 1, "elastic": True}, "--allreduce-groups cannot be combined with --elastic"),
 ])
 def test_validate_names_the_flag(kw, fragment):
     with pytest.raises(ConfigError) as e:
