@@ -129,7 +129,7 @@ def horovod_environment(cfg) -> None:
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
     # hvdtrain's Horovod (scripts/patch_horovod.py, fix 3): an idle background thread waits for a tensor instead of
     # negotiating every cycle, then lets one cycle time pass so that the other ranks' tensors are queued too
-    # (docs/benchmarks.md, "Horovod against DDP": faster than negotiating at once, 2, in two runs of three).
+    # (docs/benchmarks.md, "Horovod against DDP": it ties with negotiating at once, 2).
     os.environ.setdefault("HOROVOD_IDLE_WAIT", "1")
     if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")

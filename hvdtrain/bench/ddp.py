@@ -8,20 +8,21 @@ each Horovod setting of ``CANDIDATES``, the measurements behind hvdtrain's defau
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Tuple
 
 from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
 # Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (HOROVOD_IDLE_WAIT=1 and one
-# allreduce group on the CPU; docs/benchmarks.md lists the figures). HOROVOD_IDLE_WAIT comes from hvdtrain's patch of
-# Horovod (scripts/patch_horovod.py, fix 3). ALLREDUCE_GROUPS becomes --allreduce-groups.
-CANDIDATES: Dict[str, Dict[str, str]] = {
-    "Horovod's loop, per-gradient allreduces": {"HOROVOD_IDLE_WAIT": "0", "ALLREDUCE_GROUPS": "0"},
-    "Horovod's loop, one group": {"HOROVOD_IDLE_WAIT": "0"},
-    "cycle 5 ms, one group": {"HOROVOD_IDLE_WAIT": "0", "HOROVOD_CYCLE_TIME": "5"},
-    "idle wait then negotiate at once, one group": {"HOROVOD_IDLE_WAIT": "2"},
-    "idle wait, per-gradient allreduces": {"ALLREDUCE_GROUPS": "0"},
-    "no response cache": {"HOROVOD_CACHE_CAPACITY": "0"},
+# allreduce group on the CPU; docs/benchmarks.md lists the figures): name -> (environment, hvdtrain options).
+# HOROVOD_IDLE_WAIT comes from hvdtrain's patch of Horovod (scripts/patch_horovod.py, fix 3).
+PER_GRADIENT = ["--allreduce-groups", "0"]
+CANDIDATES: Dict[str, Tuple[Dict[str, str], List[str]]] = {
+    "Horovod's loop, per-gradient allreduces": ({"HOROVOD_IDLE_WAIT": "0"}, PER_GRADIENT),
+    "Horovod's loop, one group": ({"HOROVOD_IDLE_WAIT": "0"}, []),
+    "cycle 5 ms, one group": ({"HOROVOD_IDLE_WAIT": "0", "HOROVOD_CYCLE_TIME": "5"}, []),
+    "idle wait then negotiate at once, one group": ({"HOROVOD_IDLE_WAIT": "2"}, []),
+    "idle wait, per-gradient allreduces": ({}, PER_GRADIENT),
+    "no response cache": ({"HOROVOD_CACHE_CAPACITY": "0"}, []),
 }
 
 
@@ -42,11 +43,9 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
             "hvdtrain mxnet np=1": lambda: run_recipe(recipe, "mxnet", 1, all_threads, steps, extra, timeout),
         })
     if candidates:
-        for name, env in CANDIDATES.items():
-            groups = ["--allreduce-groups", env["ALLREDUCE_GROUPS"]] if "ALLREDUCE_GROUPS" in env else []
-            variants[f"hvdtrain, {name}"] = lambda env=env, groups=groups: run_recipe(
-                recipe, "torch", np_, threads, steps, extra + groups, timeout,
-                {k: v for k, v in env.items() if k.startswith("HOROVOD_")})
+        for name, (env, options) in CANDIDATES.items():
+            variants[f"hvdtrain, {name}"] = lambda env=env, options=options: run_recipe(
+                recipe, "torch", np_, threads, steps, extra + options, timeout, env)
     res = compare(variants, rounds)
     ips = {name: v["images_per_sec"] for name, v in res.items()}
     result = {"benchmark": "ddp", "recipe": recipe, "framework": "torch", "np": np_, "threads_per_rank": threads,
@@ -57,8 +56,9 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
         result["same_cores"] = {"ddp": ips["ddp"] / ips["ddp np=1"], "hvdtrain": ips["hvdtrain"] / ips["hvdtrain np=1"],
                                 "hvdtrain mxnet": ips["hvdtrain mxnet"] / ips["hvdtrain mxnet np=1"]}
     if candidates:
-        result["candidates"] = {name: {"env": env, "over_ddp": ips[f"hvdtrain, {name}"] / ips["ddp"]}
-                                for name, env in CANDIDATES.items()}
+        result["candidates"] = {name: {"env": env, "options": options,
+                                       "over_ddp": ips[f"hvdtrain, {name}"] / ips["ddp"]}
+                                for name, (env, options) in CANDIDATES.items()}
     return result
 
 
