@@ -84,7 +84,8 @@ imagenet-synthetic: install
 
 # The ImageNet recipe on real images: Fashion-MNIST written as an ImageFolder of 32 px PNGs and packed as RecordIO,
 # then ResNet-18 with the large-batch recipe (warmup, cosine decay, label smoothing, mixup, no weight decay on biases
-# and BatchNorm, bf16) on $(NP) workers: PyTorch reads the ImageFolder, MXNet the RecordIO (FASHION_FRAMEWORK=mxnet).
+# and BatchNorm, --precision auto: bf16 where the CPU has it natively, else fp32) on $(NP) workers: PyTorch reads the
+# ImageFolder, MXNet the RecordIO (FASHION_FRAMEWORK=mxnet).
 # FASHION_EPOCHS and FASHION_PER_CLASS (training images per class, 0: all) size it; docs/convergence.md has the result.
 FASHION_EPOCHS    ?= 10
 FASHION_PER_CLASS ?= 0
@@ -101,7 +102,7 @@ imagenet-fashion: install $(FASHION_IMAGES)/train.rec
 		--data-format $(if $(filter mxnet,$(FASHION_FRAMEWORK)),recordio,imagefolder) \
 		--model resnet18_v1b --image-size 32 --val-resize 32 --min-crop-area 0.5 \
 		--batch-size 64 --lr-per-256 0.4 --warmup-epochs 2 --epochs $(FASHION_EPOCHS) --lr-mode cosine --last-gamma \
-		--label-smoothing 0.1 --mixup 0.2 --mixup-off-epoch 2 --no-wd --precision bf16 --num-workers 1 --resume never \
+		--label-smoothing 0.1 --mixup 0.2 --mixup-off-epoch 2 --no-wd --precision auto --num-workers 1 --resume never \
 		--output-dir runs/imagenet-fashion-$(FASHION_FRAMEWORK)
 
 # Test accuracy of the fashion-mnist recipe at np=1, np=2 and with accumulation, both frameworks (about an hour on 2

@@ -65,8 +65,10 @@ class TrainConfig:
     """Mixup alpha: blend each batch with its reverse by lambda ~ Beta(alpha, alpha) (0: off)."""
     mixup_off_epoch: int = 0
     """Stop mixup for the last N epochs."""
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    """Numerical precision of the forward and backward pass."""
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    """Numerical precision of the forward and backward pass. auto: fp16 (with dynamic loss scaling) on a GPU, bf16 on
+    a CPU with native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo), fp32 on any other CPU; config.json and the
+    start-up line say what was chosen and why."""
     loss_scale: Literal["auto", "dynamic", "none"] = "auto"
     """Loss scaling: dynamic (scale the loss, skip steps whose gradients overflow on any rank, adapt the scale),
     none, or auto: dynamic with --precision fp16, none otherwise."""
@@ -184,9 +186,10 @@ class TrainConfig:
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
 
-    def dynamic_loss_scale(self) -> bool:
-        """Whether the backend scales the loss dynamically (--loss-scale, resolved against --precision)."""
-        return self.loss_scale == "dynamic" or (self.loss_scale == "auto" and self.precision == "fp16")
+    def dynamic_loss_scale(self, precision: str = "") -> bool:
+        """Whether the backend scales the loss dynamically (--loss-scale, resolved against --precision, or against
+        ``precision``: what --precision auto resolved to)."""
+        return self.loss_scale == "dynamic" or (self.loss_scale == "auto" and (precision or self.precision) == "fp16")
 
     def timeline_window(self) -> Optional[Tuple[int, int]]:
         """(A, B) of --timeline-steps (or its default when only --timeline is set); None: no timeline."""

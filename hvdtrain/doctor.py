@@ -124,6 +124,7 @@ def _system() -> List[Row]:
     except Exception:  # noqa: BLE001
         pass
     rows.append(("ok", "gpus", "; ".join(gpus) or "none (training runs on the CPU)", ""))
+    rows.append(_precisions(bool(gpus)))
     host = socket.gethostname()
     try:
         addr = socket.gethostbyname(host)
@@ -136,6 +137,19 @@ def _system() -> List[Row]:
     else:
         rows.append(("ok", "hostname", f"{host} -> {addr}", ""))
     return rows
+
+
+def _precisions(gpus: bool) -> Row:
+    """What this host computes in natively, and what --precision auto picks here."""
+    from . import precision
+    flags, cap = precision.read_cpu_flags(), precision.isa_cap()
+    native = precision.native_bf16(flags, cap)
+    cpu = (f"CPU: fp32, bf16 native ({', '.join(native)})" if native else
+           f"CPU: fp32 native, bf16 emulated ({precision.missing_bf16(flags, cap)})")
+    if not native:
+        cpu += ": MXNet refuses --precision bf16 here, PyTorch runs it slowly"
+    picked, _ = precision.choose("auto", gpus, native)
+    return ("ok", "precisions", f"{cpu}{'; GPU: fp16' if gpus else ''}; --precision auto picks {picked}", "")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -124,6 +124,9 @@ class Trainer:
         self.check()
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
+        # From here on the configuration says the precision the run computes in (--precision auto resolved).
+        self.precision_requested = cfg.precision
+        self.cfg = cfg = dataclasses.replace(cfg, precision=backend.precision)
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
@@ -527,12 +530,13 @@ class Trainer:
         with open(os.path.join(cfg.output_dir, "config.json"), "w") as f:
             resolved = {**json.loads(cfg.to_json()), "recipe": self.name, "world_size": b.size,
                         "threads_per_rank": b.threads, "steps_per_epoch": steps,
+                        "precision_requested": self.precision_requested, "precision_reason": b.precision_reason,
                         "global_batch": cfg.batch_size * cfg.accumulate * b.size}
             json.dump(resolved, f, indent=2, sort_keys=True)
         target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)
         print(f"hvdtrain: {self.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
               f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
               + f" = {cfg.batch_size * cfg.accumulate * b.size}; lr {cfg.base_lr:g} -> {target:g}; "
-              f"{steps} steps/epoch; output {cfg.output_dir}", flush=True)
+              f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
         print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
               f"phase", flush=True)

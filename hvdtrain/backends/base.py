@@ -28,6 +28,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Seq
 
 import numpy as np
 
+from .. import precision as precisions
 from ..phases import PhaseTimer
 
 
@@ -170,6 +171,10 @@ class Backend(abc.ABC):
     launches, not work."""
     phases: PhaseTimer = PhaseTimer()
     """The Trainer's per-phase timer of the current step; the backend marks the phases of ``train_step`` on it."""
+    precision: str = "fp32"
+    """The precision this run computes in: ``--precision`` with auto resolved (:meth:`resolve_precision`)."""
+    precision_reason: str = ""
+    """Why: the flag, or what auto read (a GPU; the CPU's bf16 flags)."""
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -195,6 +200,20 @@ class Backend(abc.ABC):
     def stop_timeline(self) -> None:
         self.synchronize()  # the window's collectives are finished and recorded before it closes
         self.hvd.stop_timeline()
+
+    slower_bf16: str = ""
+    """Why this framework's bf16 is slower than its fp32 on a CPU even with native bf16 (auto then keeps fp32)."""
+
+    def resolve_precision(self, cfg, on_gpu: bool) -> bool:
+        """Set :attr:`precision` and :attr:`precision_reason` from ``--precision`` (auto: :mod:`hvdtrain.precision`);
+        returns whether bf16 would run natively here (on a GPU: True, the framework decides). ``cfg`` keeps the flag as
+        given; the backend computes with ``self.precision`` (the Trainer replaces its config's after ``init``)."""
+        flags, cap = precisions.read_cpu_flags(), precisions.isa_cap()
+        native = precisions.native_bf16(flags, cap)
+        self.bf16_missing = precisions.missing_bf16(flags, cap)
+        self.precision, self.precision_reason = precisions.choose(cfg.precision, on_gpu, native, self.bf16_missing,
+                                                                 cfg.adasum, self.slower_bf16)
+        return on_gpu or bool(native)
 
     def threads_per_rank(self, requested: int = 0) -> int:
         """:func:`cpu_threads_per_rank` from every rank's cores (one collective: every rank's host and affinity)."""

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
+import sys
+import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
@@ -39,6 +42,20 @@ def _to_torch(obj: Any) -> Any:
     return obj
 
 
+def bf16_slowdown(n: int = 256, repeats: int = 3) -> float:
+    """How many times longer an n x n matmul takes in bfloat16 than in float32 on this CPU (best of ``repeats``)."""
+    def best(dtype) -> float:
+        a, b = torch.ones(n, n, dtype=dtype), torch.ones(n, n, dtype=dtype)
+        a @ b  # first call: kernel selection, allocation
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best(torch.bfloat16) / max(best(torch.float32), 1e-9)
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -52,6 +69,8 @@ class TorchBackend(Backend):
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
+        native_bf16 = self.resolve_precision(cfg, torch.cuda.is_available())
+        cfg = dataclasses.replace(cfg, precision=self.precision)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
         import horovod.torch as hvd
@@ -79,6 +98,11 @@ class TorchBackend(Backend):
             estimated_threads(self.local_size, cfg.threads)  # elastic: a joining worker runs no extra collective
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
+        if cfg.precision == "bf16" and not native_bf16 and self.rank == 0:
+            # PyTorch trains in emulated bf16 (not refused as on MXNet, where it fails), but the user is told once.
+            print(f"hvdtrain: warning: --precision bf16 is emulated here ({self.bf16_missing}): a bf16 matmul took "
+                  f"{bf16_slowdown():.0f}x the fp32 time on this CPU; --precision auto (fp32 here) trains faster",
+                  file=sys.stderr, flush=True)
 
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         hvd = self.hvd
@@ -106,7 +130,7 @@ class TorchBackend(Backend):
             groups=self.allreduce_groups(cfg) or None)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
-        if cfg.dynamic_loss_scale():
+        if cfg.dynamic_loss_scale(self.precision):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()

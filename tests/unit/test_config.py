@@ -102,6 +102,8 @@ def test_loss_scale_auto_follows_the_precision():
     assert not TrainConfig(precision="bf16").dynamic_loss_scale()
     assert TrainConfig(precision="fp32", loss_scale="dynamic").dynamic_loss_scale()
     assert not TrainConfig(precision="fp16", loss_scale="none").dynamic_loss_scale()
+    assert not TrainConfig().dynamic_loss_scale("bf16") and TrainConfig().dynamic_loss_scale("fp16")  # auto resolved
+    assert TrainConfig().precision == "auto"
 
 
 def test_imagenet_rate_per_256_images_and_crop_area():
