@@ -10,7 +10,8 @@ bounds sit far above that and far below what a real fault moves. Measured on thi
 learning rate doubled (what an allreduce that sums instead of averaging gives) or halved (an unscaled rate) moved
 val_loss by 118% / 57% (torch) and 172% / 65% (MXNet) after epoch 1, and by 10% / 13% (torch) and 23% / 1.9% (MXNet)
 after epoch 2. Step counts and learning rates are compared exactly: the same arithmetic on both sides.
-Dropout and augmentation are off: their random draws depend on how samples are split across ranks.
+Dropout and augmentation are off: their random draws depend on how samples are split across ranks. fp32 is asked for:
+--precision auto would compute in bf16 where the processor has it, whose rounding these bounds do not cover.
 """
 import pytest
 
@@ -24,7 +25,7 @@ BOUNDS = (1e-2, 1.5e-2)
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
 def test_np1_and_np2_give_the_same_loss_curve(framework, digits, tmp_path):
     common = ["--framework", framework, "--data-dir", digits, "--epochs", "2", "--dropout", "0",
-              "--max-shift", "0", "--resume", "never", "--warmup-epochs", "0"]
+              "--max-shift", "0", "--resume", "never", "--warmup-epochs", "0", "--precision", "fp32"]
     curves = {}
     for np_, batch, lr in ((1, 64, 0.06), (2, 32, 0.03)):
         out = str(tmp_path / f"np{np_}")
