@@ -86,8 +86,10 @@ def _horovod() -> Tuple[List[Row], bool]:
                      "" if "Gloo" in controllers else "make install"))
         rows.append(("ok", "horovod tensor ops", ", ".join(ops), ""))
         if "MPI" not in controllers:
-            rows.append(("warn", "horovod MPI", "not built: mpirun launches unavailable",
-                         "apt-get install openmpi-bin libopenmpi-dev, then make install"))
+            rows.append(("warn", "horovod MPI", "not built: under mpirun or srun each process would be a one-rank job "
+                         "of its own (hvdtrain refuses to start so); launch with horovodrun",
+                         "make MPI's compiler visible (apt-get install openmpi-bin libopenmpi-dev, or 'module load "
+                         "openmpi': mpicxx on PATH), then make install"))
         gpu = "CUDA" if hvd.cuda_built() else ("ROCm" if hvd.rocm_built() else "none")
         rows.append(("ok", "horovod GPU support", gpu, ""))
     return rows, len(frameworks) == len(wanted)

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint, schedule
+from . import checkpoint, guard, schedule
 from .backends import make_backend
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
@@ -94,6 +94,8 @@ class Trainer:
         finally:
             if self.reporter is not None:
                 self.reporter.stop()
+            if getattr(self, "_output_lock", None) is not None:
+                self._output_lock.close()  # releases the flock: the directory is free for the next job
 
     def _failed(self, e: BaseException) -> Optional[BaseException]:
         """Record and report a failure of fit() (see there); returns the exception to raise instead, if any."""
@@ -127,6 +129,10 @@ class Trainer:
         # From here on the configuration says the precision the run computes in (--precision auto resolved).
         self.precision_requested = cfg.precision
         self.cfg = cfg = dataclasses.replace(cfg, precision=backend.precision)
+        # Before anything is written: a world the launcher did not start, or an output directory a live job holds.
+        if not cfg.elastic:  # elastic worlds change size by design
+            guard.check_world_size(backend.size, backend.mpi_built())
+        self._output_lock = self._take_output_dir()
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
@@ -150,6 +156,20 @@ class Trainer:
                               f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
                               f"lower --batch-size or run fewer ranks")
         self.start_epoch, self.global_step, self.resume_offset = self._restore()
+
+    def _take_output_dir(self):
+        """Rank 0 locks --output-dir for this job (:func:`guard.lock_output_dir`); every rank stops on a refusal."""
+        backend, refusal, handle = self.backend, None, None
+        if backend.rank == 0:
+            try:
+                handle = guard.lock_output_dir(self.cfg.output_dir)
+            except ConfigError as e:
+                refusal = str(e)
+        if not self.cfg.elastic:  # a worker joining an elastic job must run no collective the others do not
+            refusal = backend.broadcast_object(refusal)
+        if refusal:
+            raise ConfigError(refusal)
+        return handle
 
     def train(self) -> Optional[Dict[str, Any]]:
         """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""

@@ -215,6 +215,10 @@ class Backend(abc.ABC):
                                                                  cfg.adasum, self.slower_bf16)
         return on_gpu or bool(native)
 
+    def mpi_built(self) -> bool:
+        """Whether this Horovod was built with MPI (without it, mpirun and srun cannot form its world)."""
+        return bool(self.hvd.mpi_built())
+
     def threads_per_rank(self, requested: int = 0) -> int:
         """:func:`cpu_threads_per_rank` from every rank's cores (one collective: every rank's host and affinity)."""
         if requested > 0:

@@ -1,0 +1,88 @@
+"""Refusals that keep a job's outputs its own, checked after Horovod starts and before anything is written.
+
+- The world size a launcher declared against the one Horovod formed. A Horovod built without MPI, started by ``srun``
+  or ``mpirun`` with no Gloo rendezvous, logs "no rendezvous server provided, assuming single process execution":
+  every task becomes rank 0 of a world of 1, and N separate jobs would write one output directory.
+- The output directory of a live job. Rank 0 holds an exclusive ``flock`` on ``OUTPUT_DIR/.hvdtrain.lock`` for the
+  whole run, the file naming its host, pid and job; a second job aimed there is refused with those. The kernel
+  drops the lock when the process ends, however it ends (a SIGKILL too), so a lock is never left stale.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import IO, Mapping, Optional, Tuple
+
+from .config import ConfigError
+
+LOCK_NAME = ".hvdtrain.lock"
+
+# What each launcher tells its processes about the size of the job, innermost launcher first: mpirun inside a Slurm
+# allocation starts its daemons with srun, so its processes see the step's task count (one per node) as well.
+_SIZE_VARIABLES = (("HOROVOD_SIZE", "horovodrun"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+                   ("PMI_SIZE", "a PMI launcher (MPICH, Intel MPI, srun --mpi=pmi2)"),
+                   ("SLURM_STEP_NUM_TASKS", "srun"))
+
+
+def declared_world_size(environ: Mapping[str, str] = os.environ) -> Optional[Tuple[str, int, str]]:
+    """(variable, task count, launcher) that a launcher declared to this process, or None when none did."""
+    for var, launcher in _SIZE_VARIABLES:
+        value = environ.get(var, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return var, int(value), launcher
+    return None
+
+
+def check_world_size(size: int, mpi_built: bool, environ: Mapping[str, str] = os.environ) -> None:
+    """Raise ConfigError when the launcher started more (or fewer) processes than Horovod has ranks."""
+    declared = declared_world_size(environ)
+    if declared is None or declared[1] == size:
+        return
+    var, tasks, launcher = declared
+    why = ("this Horovod was built without MPI, so under a launcher without a Gloo rendezvous each process is a job "
+           "of its own: rebuild it where MPI is found (mpicxx on PATH, e.g. after 'module load openmpi', then make "
+           "install) or launch with horovodrun" if not mpi_built else
+           "Horovod's MPI is not the launcher's (another MPI's mpirun, or srun without --mpi=pmix): launch with the "
+           "mpirun of the MPI Horovod was built with, srun --mpi=pmix, or horovodrun")
+    raise ConfigError(f"{launcher} started {tasks} processes ({var}={tasks}) but Horovod formed a world of {size}: "
+                      f"{why}; nothing was written")
+
+
+def describe_holder(path: str) -> str:
+    try:
+        with open(path) as f:
+            holder = json.load(f)
+        return (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}"
+                + (f", job {holder['job']}" if holder.get("job") else "")
+                + f", since {holder.get('since', '?')}")
+    except (OSError, ValueError):
+        return "a process whose details could not be read"
+
+
+def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) -> IO:
+    """Take the output directory for this job (see the module docstring); returns the open lock file, which the
+    caller keeps open for the whole run. Raises ConfigError naming the holder when a live job has it."""
+    import fcntl
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, LOCK_NAME)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ConfigError(f"--output-dir {output_dir} is in use by a running job ({describe_holder(path)}): wait for "
+                          f"it, stop it, or choose another --output-dir") from None
+    job = next((f"{name} {environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"),
+                                                          ("LSB_JOBID", "LSF"), ("JOB_ID", "SGE"))
+                if environ.get(var)), "")
+    handle.seek(0)
+    handle.truncate()
+    json.dump({"host": socket.gethostname(), "pid": os.getpid(), "job": job,
+               "since": time.strftime("%Y-%m-%d %H:%M:%S")}, handle)
+    handle.flush()
+    return handle
+
+
+__all__ = ["declared_world_size", "check_world_size", "lock_output_dir", "LOCK_NAME"]
