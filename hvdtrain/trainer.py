@@ -524,7 +524,8 @@ class Trainer:
         """Count this rank's consecutive non-finite losses; every FINITE_CHECK_EVERY steps all ranks decide together
         (one tiny allreduce) and the job stops once any rank has seen --max-bad-steps in a row."""
         finite = math.isfinite(self.backend.scalar(loss))
-        self._nonfinite_seen = self._nonfinite_seen or not finite
+        # Only what reached the weights bars checkpoints: a step the loss scaler skipped left them clean.
+        self._nonfinite_seen = self._nonfinite_seen or (not finite and self.backend.last_step_applied())
         limit = self.cfg.max_bad_steps
         if not limit:
             return 0

@@ -250,6 +250,11 @@ class Backend(abc.ABC):
         """One optimizer step over ``micro_batches``; ``mix`` is the mixup weight of this step (None: no mixup)."""
         ...
 
+    def last_step_applied(self) -> bool:
+        """Whether the last ``train_step``'s update reached the weights: False when the loss scaler skipped it (its
+        gradients overflowed on some rank). Called only after a non-finite loss (it may synchronise the device)."""
+        return True
+
     @abc.abstractmethod
     def eval_step(self, batch: Any) -> Dict[str, Any]:
         ...

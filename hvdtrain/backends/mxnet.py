@@ -251,6 +251,9 @@ class MXNetBackend(Backend):
             table.update(per_index)
         opt._set_current_context(device)
 
+    def last_step_applied(self) -> bool:
+        return getattr(self, "_applied", True)
+
     def synchronize(self) -> None:
         self.mx.nd.waitall()
 
@@ -302,7 +305,8 @@ class MXNetBackend(Backend):
         phases.enter("step")
         # Loss scaling: the gradients are looked at after the allreduce, so every rank sees the same ones and skips
         # (or takes) the step together; a skipped step halves the scale.
-        if self.scaler is None or self.scaler.update(self._gradients_finite()):
+        self._applied = self.scaler is None or self.scaler.update(self._gradients_finite())
+        if self._applied:
             # Gluon divides the summed gradients by `samples` (and by the loss scale): the mean over the whole
             # (accumulated) batch.
             self.trainer.update(samples * scale)

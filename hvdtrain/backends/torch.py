@@ -135,6 +135,11 @@ class TorchBackend(Backend):
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
 
+    def last_step_applied(self) -> bool:
+        if self.scaler is None:
+            return True
+        return not any(float(v.item()) for v in getattr(self, "_found_inf", []))
+
     def broadcast_state(self) -> None:
         # Horovod: every rank starts from rank 0's weights and buffers.
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
@@ -235,6 +240,8 @@ class TorchBackend(Backend):
         phases.enter("step")
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+            # Whether step() will skip: read only after a non-finite loss (last_step_applied), so no sync here.
+            self._found_inf = list(self.scaler._found_inf_per_device(self.optimizer).values())
         with contextlib.nullcontext() if self.adasum_step else self.optimizer.skip_synchronize():
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
