@@ -15,13 +15,15 @@ from ..config import ConfigError
 
 def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, extra: List[str],
               timeout: float, env: Optional[Dict[str, str]] = None) -> float:
-    """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables."""
+    """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables.
+    fp32 unless ``extra`` says otherwise: the bare loops it is compared with compute in fp32, and ``--precision auto``
+    would pick bf16 on some processors only."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         cmd = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m", "hvdtrain",
                "recipe", recipe, "--framework", framework, "--epochs", "1", "--warmup-epochs", "0",
                "--max-steps", str(steps), "--threads", str(threads), "--resume", "never", "--output-dir", out,
-               *extra]
+               "--precision", "fp32", *extra]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
                                   env=dict(os.environ, **(env or {})))
