@@ -89,7 +89,9 @@ class TrainConfig:
     allreduce_groups: int = -1
     """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
     queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): 1 on the CPU,
-    where the cores that would overlap are the ones computing, 0 on a GPU and with --elastic."""
+    where the cores that would overlap are the ones computing, 0 on a GPU, with --elastic and with --adasum. On
+    PyTorch the groups honour --predivide, run no pickled collective, and count a gradient a rank did not compute
+    as zeros (Horovod's own grouped path does none of these)."""
     data_dir: str = ""
     """Directory of the dataset (the recipe says which files it needs)."""
     synthetic: bool = False
@@ -160,6 +162,9 @@ class TrainConfig:
             raise ConfigError("--allreduce-groups cannot be combined with --elastic: a worker that joins a running "
                               "job hangs in its setup when gradients go as grouped allreduces (Horovod 0.28.1); "
                               "leave it at -1 (auto) or 0")
+        if self.allreduce_groups > 0 and self.adasum:
+            raise ConfigError("--allreduce-groups cannot be combined with --adasum: Horovod's Adasum optimizer combines "
+                              "each parameter on its own (it would drop the groups); leave it at -1 (auto) or 0")
         if self.predivide <= 0:
             raise ConfigError(f"--predivide must be positive, got {self.predivide}")
         if not 0 < self.lr_decay <= 1:

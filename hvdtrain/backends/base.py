@@ -230,10 +230,11 @@ class Backend(abc.ABC):
 
     def allreduce_groups(self, cfg) -> int:
         """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a
-        GPU (per-gradient allreduces overlap the backward pass there) and none in elastic mode (see the config)."""
+        GPU (per-gradient allreduces overlap the backward pass there), none in elastic mode (see the config) and none with
+        Adasum (Horovod's Adasum optimizer combines each parameter on its own)."""
         if cfg.allreduce_groups >= 0:
             return cfg.allreduce_groups
-        return 0 if self.on_gpu or cfg.elastic else 1
+        return 0 if self.on_gpu or cfg.elastic or cfg.adasum else 1
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
+from .torch_groups import distributed_optimizer
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -121,13 +122,15 @@ class TorchBackend(Backend):
             opt = torch.optim.Adam(params, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
         # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background thread);
         # accumulation sums `accumulate` backward passes locally before one allreduce.
-        self.optimizer = hvd.DistributedOptimizer(
-            opt, named_parameters=[(n, p) for n, p in self.model.named_parameters() if p.requires_grad],
-            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-            backward_passes_per_step=cfg.accumulate,
-            op=hvd.Adasum if cfg.adasum else hvd.Average,
-            gradient_predivide_factor=cfg.predivide,
-            groups=self.allreduce_groups(cfg) or None)
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
+        groups = self.allreduce_groups(cfg)
+        if groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
+            self.optimizer = distributed_optimizer(opt, named, compression, cfg.accumulate, cfg.predivide, groups)
+        else:
+            self.optimizer = hvd.DistributedOptimizer(
+                opt, named_parameters=named, compression=compression, backward_passes_per_step=cfg.accumulate,
+                op=hvd.Adasum if cfg.adasum else hvd.Average, gradient_predivide_factor=cfg.predivide)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
         if cfg.dynamic_loss_scale(self.precision):

@@ -1,0 +1,74 @@
+"""Gradients as grouped allreduces (--allreduce-groups, the CPU default) mean what per-gradient allreduces mean.
+
+Each rank's gradient is 40,000 per element: their sum (80,000 on 2 ranks) overflows float16 (max 65,504) when the
+gradients are fp16-compressed for the allreduce, unless --predivide divides them before the sum. So a grouped path
+that drops the predivide factor (Horovod 0.28.1's PyTorch one does) turns the average into inf here.
+"""
+import numpy as np
+import pytest
+
+GRAD = 40000.0
+
+
+def _torch_optimizer(params, predivide=1.0, groups=1):
+    import horovod.torch as hvd
+    import torch
+    from hvdtrain.backends.torch_groups import distributed_optimizer
+    opt = torch.optim.SGD([p for _, p in params], lr=0.0)
+    return distributed_optimizer(opt, params, hvd.Compression.fp16, 1, predivide, groups)
+
+
+def _grouped_average(framework, predivide: float) -> np.ndarray:
+    """The averaged gradient of a weight whose gradient is GRAD on every rank (fp16 compression, one group)."""
+    if framework == "torch":
+        import torch
+        w = torch.nn.Parameter(torch.zeros(4))
+        opt = _torch_optimizer([("w", w)], predivide)
+        (w * GRAD).sum().backward()
+        opt.synchronize()
+        return w.grad.numpy()
+    import horovod.mxnet as hvd
+    import mxnet as mx
+    net = mx.gluon.nn.Dense(4, in_units=1, use_bias=False)
+    net.initialize(mx.init.Zero())
+    trainer = hvd.DistributedTrainer(net.collect_params(), mx.optimizer.SGD(learning_rate=0.0),
+                                     compression=hvd.Compression.fp16, gradient_predivide_factor=predivide,
+                                     num_groups=1)
+    with mx.autograd.record():
+        loss = (net(mx.nd.ones((1, 1))) * GRAD).sum()
+    loss.backward()
+    trainer.allreduce_grads()
+    return net.weight.grad().asnumpy()
+
+
+@pytest.mark.parametrize("predivide", [1.0, 2.0])
+def test_predivide_reaches_the_grouped_allreduce(framework, ops, predivide):
+    average = _grouped_average(framework, predivide)
+    if ops.hvd.size() * GRAD <= 65504:
+        pytest.skip(f"{ops.hvd.size()} rank(s): the sum of the gradients fits in float16 either way")
+    if predivide == 1.0:  # the test can fail: without the factor the fp16 sum overflows
+        assert not np.isfinite(average).any(), average
+    else:
+        np.testing.assert_array_equal(average, np.full_like(average, GRAD))
+
+
+def test_torch_groups_pickle_nothing_and_count_an_uncomputed_gradient_as_zeros(framework, ops, monkeypatch):
+    if framework != "torch":
+        pytest.skip("PyTorch's grouped optimizer (horovod.mxnet's DistributedTrainer groups all of its gradients)")
+    import horovod.torch.functions
+    import horovod.torch.optimizer
+    import torch
+
+    def refuse(*_a, **_k):
+        raise AssertionError("broadcast_object (a pickled collective) was called")
+    monkeypatch.setattr(horovod.torch.optimizer, "broadcast_object", refuse)
+    monkeypatch.setattr(horovod.torch.functions, "broadcast_object", refuse)
+    rank = ops.hvd.rank()
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+    opt = _torch_optimizer([("a", a), ("b", b)], groups=1)
+    loss = a.sum() * (rank + 1) + (b.sum() if rank == 0 else 0.0)  # b gets no gradient on the other ranks
+    loss.backward()
+    opt.synchronize()  # Horovod's grouped path would allreduce b alone here, under another name: a stall
+    size = ops.hvd.size()
+    np.testing.assert_allclose(a.grad.numpy(), np.full(3, (size + 1) / 2))
+    np.testing.assert_allclose(b.grad.numpy(), np.full(2, 1.0 / size))
