@@ -31,6 +31,9 @@ class TinyConfig(TrainConfig):
     """A marker file: the fault happens only while it does not exist (it is created then), e.g. across resets."""
     fault_seconds: float = 10.0
     """How long --fault sleep sleeps."""
+    nan_step: int = 0
+    """Training batch (counted from 1 in each process) whose inputs are NaN on every rank: the loss scaler skips that
+    step and halves its scale (0: never)."""
     step_sleep: float = 0.0
     """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
     sleep_while: str = ""
@@ -59,6 +62,8 @@ class _Faults:
         self.batches += 1
         if cfg.step_sleep and (not cfg.sleep_while or os.path.exists(cfg.sleep_while)):
             time.sleep(cfg.step_sleep)
+        if cfg.nan_step and self.batches == cfg.nan_step:
+            x = np.full_like(x, np.nan)
         once = cfg.fault_once
         if cfg.fault and _rank() == cfg.fault_rank and self.batches >= cfg.fault_step \
                 and not (once and os.path.exists(once)):

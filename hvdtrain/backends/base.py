@@ -352,6 +352,30 @@ class Backend(abc.ABC):
         """Elastic mode, after :meth:`commit`: raise the framework's interrupt when workers were added, so that
         training restarts from the commit with the new world."""
 
+    def loss_scale(self) -> Optional[float]:
+        """The dynamic loss scale (None without loss scaling)."""
+        return None
+
+    def check_replicas(self, when: str) -> None:
+        """Horovod: every worker must hold the same weights and loss scale (one allgather of a CRC-32 of them);
+        raises naming the ranks that differ from rank 0, and rank 0 says in one line that they agree."""
+        params = self.parameters_numpy()
+        crc = 0
+        for name in sorted(params):
+            crc = zlib.crc32(np.ascontiguousarray(params[name]).tobytes(), crc)
+        scale = self.loss_scale()
+        if scale is not None:
+            crc = zlib.crc32(np.float64(scale).tobytes(), crc)
+        rows = self.allgather_floats([float(crc)])
+        differ = [rank for rank, row in enumerate(rows) if row[0] != rows[0][0]]
+        if differ:
+            raise RuntimeError(f"{when}, rank(s) {', '.join(map(str, differ))} hold other weights or another loss "
+                               f"scale than rank 0")
+        if self.rank == 0:
+            print(f"hvdtrain: {when}: {len(rows)} worker(s) hold the same weights"
+                  + (f" and loss scale {scale:g}" if scale is not None else "") + f" (crc32 {int(crc):08x})",
+                  flush=True)
+
     def parameters_numpy(self) -> Dict[str, Any]:
         """Model parameters as numpy arrays by name (for checks and tests)."""
         return self.state_dict()["model"]

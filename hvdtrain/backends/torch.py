@@ -57,6 +57,30 @@ def bf16_slowdown(n: int = 256, repeats: int = 3) -> float:
     return best(torch.bfloat16) / max(best(torch.float32), 1e-9)
 
 
+def _elastic_state(backend):
+    """A ``horovod.common.elastic.State`` of the backend's whole training state (its ``state_dict``: model,
+    optimizer, loss scaler). ``sync`` is the start-up broadcast, then a check that every worker holds the same."""
+    from horovod.common.elastic import State
+
+    class TrainingState(State):
+        def __init__(self):
+            # Horovod: its host-update check broadcasts with this; hvdtrain's JSON broadcast pickles nothing.
+            super().__init__(bcast_object=lambda obj: backend.broadcast_object(obj), get_rank=backend.hvd.rank)
+            self.save()
+
+        def save(self):
+            self._saved = backend.state_dict()  # numpy copies
+
+        def restore(self):
+            backend.load_state_dict(self._saved)
+
+        def sync(self):
+            backend.broadcast_state()
+            backend.check_replicas("after the elastic sync")
+
+    return TrainingState()
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -163,8 +187,10 @@ class TorchBackend(Backend):
         the last commit, Horovod re-forms the ring with the workers there are, rank 0's state is broadcast, and
         training continues from the committed position (sample offset in the epoch), re-sharded for the new size."""
         hvd = self.hvd
-        # Horovod: model and optimizer are saved on commit, restored on failure and broadcast from rank 0 on reset.
-        state = hvd.elastic.TorchState(model=self.model, optimizer=self.optimizer)
+        # Horovod: model, optimizer and loss scaler are saved on commit, restored on failure and broadcast from rank 0
+        # on reset (the start-up broadcast: arrays and JSON; not TorchState, which pickles, leaves the scaler out and
+        # takes a step on a fresh optimizer).
+        state = _elastic_state(self)
         self._elastic_state = state
         self._committed = {"epoch": trainer.start_epoch, "offset": trainer.resume_offset,
                            "global_step": trainer.global_step}
@@ -321,6 +347,9 @@ class TorchBackend(Backend):
         return bytes(hvd.broadcast(buf, root_rank=root, name="hvdtrain.bcast.data").numpy().tobytes())
 
     # --- state -----------------------------------------------------------------------------------------------------
+    def loss_scale(self) -> Optional[float]:
+        return self.scaler.get_scale() if self.scaler is not None else None
+
     def state_dict(self) -> Dict[str, Any]:
         state = {"model": _to_numpy(self.model.state_dict()),
                  "optimizer": _to_numpy(self.optimizer.state_dict())}
