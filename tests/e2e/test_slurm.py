@@ -66,12 +66,14 @@ def sbatch(slurm, name: str, out: str, cpus: int, env: dict, timeout: float = 24
 
 
 def test_sbatch_script_trains_across_two_nodes_as_on_localhost(slurm, digits, tmp_path):
-    # The script's defaults (MXNet; fp32 since the nodes have no GPU) on the MNIST-format digits, 1 core per task.
+    # The script's defaults (MXNet; --precision auto, fp32 on MXNet's CPU; the interface found from the route to the
+    # first node) on the MNIST-format digits, 1 core per task.
     args = ["--data-dir", digits, "--epochs", "3"]
     out = str(tmp_path / "slurm")
     result, log = sbatch(slurm, "mnist", out, 1, {"RECIPE": "mnist", "DATA": digits, "EPOCHS": "3"})
     assert result.returncode == 0, describe(result) + log
-    assert "on host[0-1]: mnist --framework mxnet --precision fp32" in log, log
+    assert "on host[0-1]: mnist --framework mxnet --precision auto" in log, log
+    assert "slurm_train: interface between nodes: eth0" in log, log
     local = str(tmp_path / "local")
     ref = run(horovodrun(2, *hvdtrain("recipe", "mnist", "--framework", "mxnet", *args, "--output-dir", local)),
               timeout=240)
