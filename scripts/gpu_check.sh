@@ -9,7 +9,10 @@
 #
 # The host needs no network: HVDTRAIN_HOROVOD_SDIST (default .gpu/horovod-0.28.1.tar.gz) is the Horovod sdist carried
 # there, and hvdtrain itself is installed from this checkout without its dependencies (the host's PyTorch, numpy,
-# tqdm, PyYAML, tensorboard and psutil serve). PYTHON (default python3) is the interpreter with the CUDA PyTorch.
+# tqdm, PyYAML, tensorboard and psutil serve). PYTHON (default python3) is the interpreter with the CUDA PyTorch; the
+# full check installs into a virtual environment of its own on top of it (GPU_VENV, default .gpu/venv, made with
+# --system-site-packages so the host's packages serve), never into that interpreter itself (PEP 668 refuses it, and
+# an editable hvdtrain and a rebuilt Horovod would be left behind in it).
 # Sizes: BATCH (128 per GPU), STEPS (50 per run, warm-up included), ROUNDS (2), PRECISIONS (fp32,fp16,bf16).
 # OUT_DIR/gpu_check.json holds the build (seconds, wheel-cache key, log tail), the doctor's report and exit status, and
 # bench amp's figures; OUT_DIR also keeps build.log, doctor.txt, amp.json and amp.png.
@@ -33,7 +36,13 @@ if [ "$mode" = full ]; then
                             "HVDTRAIN_HOROVOD_SDIST)" >&2; exit 2; }
   "$PY" -c "import torch; assert torch.cuda.is_available(), 'no GPU visible to PyTorch'" \
     || { echo "gpu_check: PyTorch sees no GPU; on a CPU machine run it with --cpu-smoke" >&2; exit 2; }
-  log "installing hvdtrain from this checkout (no dependencies: the host's serve)"
+  venv=${GPU_VENV:-.gpu/venv}
+  if [ ! -x "$venv/bin/python" ]; then
+    log "virtual environment $venv on top of $PY (the host's packages visible)"
+    "$PY" -m venv --system-site-packages "$venv" || { echo "gpu_check: could not create $venv with $PY" >&2; exit 2; }
+  fi
+  PY=$venv/bin/python
+  log "installing hvdtrain from this checkout into $venv (no dependencies: the host's serve)"
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
     || { tail -n 20 "$out/install.log" >&2; exit 1; }
   log "building Horovod with NCCL for PyTorch (scripts/build_horovod.sh)"
