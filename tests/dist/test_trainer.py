@@ -137,18 +137,36 @@ def test_setup_leaves_the_weights_and_optimizer_of_a_fresh_single_process_run(fr
 
 def test_resumed_optimizer_state_reaches_every_rank(framework, tmp_path_factory):
     # Rank 0 trains alone a little (as if it had loaded a checkpoint), then broadcast_state gives every rank its
-    # weights and optimizer state (momentum buffers, Adam's moments and step counts) exactly.
+    # weights and optimizer state (momentum buffers, Adam's moments and step counts) exactly. The other ranks' states
+    # are made to differ from rank 0's first, in every leaf, so that only the broadcast can make them equal.
     t = tiny(framework, tmp_path_factory, optimizer="adam", max_steps=3)
     t.fit()
+    state = t.backend.state_dict()
     if t.backend.rank == 0:
-        state = t.backend.state_dict()
         state["model"] = {k: v + 1.0 for k, v in state["model"].items()}
-        t.backend.load_state_dict(state)
+    else:
+        state = {k: _shifted(v, t.backend.rank + 1) for k, v in state.items()}
+    t.backend.load_state_dict(state)
+    flat = [float(np.asarray(v, dtype=np.float64).sum()) for v in _leaves(t.backend.state_dict()["optimizer"])]
+    with pytest.raises(AssertionError, match="differs across ranks"):  # before the broadcast, they differ
+        assert_same_on_every_rank(t.backend, np.array(flat), "optimizer state before broadcast_state")
     t.backend.broadcast_state()
     flat = []
     for tree in (t.backend.state_dict()["model"], t.backend.state_dict()["optimizer"]):
         flat += [float(np.asarray(v, dtype=np.float64).sum()) for v in _leaves(tree)]
     assert_same_on_every_rank(t.backend, np.array(flat), "weights and optimizer state after broadcast_state")
+
+
+def _shifted(tree, delta):
+    """Every array of a state (weights, moments, PyTorch's step counts) plus ``delta``; the rest (indices, settings)
+    as it is."""
+    if isinstance(tree, dict):
+        return {k: _shifted(v, delta) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_shifted(v, delta) for v in tree)
+    if isinstance(tree, np.ndarray) and np.issubdtype(tree.dtype, np.number):
+        return tree + np.asarray(delta, dtype=tree.dtype)
+    return tree
 
 
 def _leaves(tree):
