@@ -32,13 +32,14 @@ FRAMEWORK_SPECS := $(if $(filter torch,$(FRAMEWORKS)),"$(TORCH_SPEC)") \
 	$(if $(filter mxnet,$(FRAMEWORKS)),"$(MXNET_SPEC)" "$(GLUONCV_SPEC)")
 
 .PHONY: install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network \
-	convergence test test-unit data doctor clean
+	convergence test test-stacks test-unit data doctor clean
 
 install: deps horovod
 
 deps: $(VENV)/.deps-stamp
 
 $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
+	@bash scripts/check_stack.sh "$(PYTHON)" "$(FRAMEWORKS)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(FRAMEWORK_SPECS) \
 		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test]"
@@ -145,6 +146,11 @@ bench-network: install
 test: install
 	-@bash scripts/install_fashion_mnist.sh
 	$(PY) -m pytest -q
+
+# Each supported Python beside 3.11 in its own venv, 1 epoch of MNIST on 2 ranks each (a Horovod build per Python:
+# about 5 minutes each here, and PyTorch's CUDA wheel past 3.11); runs/stacks/matrix.md. Not part of make test.
+test-stacks:
+	bash scripts/test_stacks.sh $(STACKS)
 
 test-unit: deps
 	$(PY) -m pytest -q tests/unit

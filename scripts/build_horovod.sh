@@ -7,11 +7,12 @@
 # Horovod 0.28.1 is built from the PyPI sdist against the frameworks already installed in PYTHON's environment
 # (--no-build-isolation): PyTorch and MXNet by default, or those named by HVDTRAIN_FRAMEWORKS ("torch", "mxnet" or
 # "torch mxnet"; make install FRAMEWORKS=...), with Gloo and, when Open MPI is found, MPI.
-# Three fixes, two because 0.28.1 does not build as published against today's tools, one for a crash:
+# Fixes, because 0.28.1 does not build as published against today's tools and has a crash:
 #   1. CMake >= 4 rejects the bundled Gloo's cmake_minimum_required: we build with cmake < 4 (installed in the venv)
 #      and also export CMAKE_POLICY_VERSION_MINIMUM=3.5 for hosts whose PATH offers a newer cmake first.
-#   2. and 3. are applied to the unpacked sdist by scripts/patch_horovod.py (its header says why): C++17 for
-#      torch >= 2.1 (horovod#3996), and a use-after-free in the broadcast trace line that crashed MXNet jobs.
+#   The others are applied to the unpacked sdist by scripts/patch_horovod.py (its header says why): C++17 for
+#   torch >= 2.1 (horovod#3996), a use-after-free in the broadcast trace line that crashed MXNet jobs, the idle
+#   wait, and a CPU build against a CUDA wheel of torch.
 #
 # GPU hosts (HOROVOD_GPU_OPERATIONS=NCCL): nvcc is taken from PATH, else from /usr/local/cuda (HOROVOD_CUDA_HOME);
 # the CUDA architectures from the GPUs nvidia-smi lists (HOROVOD_BUILD_CUDA_CC_LIST, e.g. 90 for H100/H200: faster
@@ -28,9 +29,15 @@
 # Environment: HOROVOD_* build variables pass through to the build. HVDTRAIN_WHEEL_CACHE overrides the cache
 # directory; HVDTRAIN_NO_MPI=1 builds with Gloo only; HVDTRAIN_FRAMEWORKS chooses the frameworks;
 # HVDTRAIN_HOROVOD_SDIST=horovod-0.28.1.tar.gz builds from that file instead of downloading it (hosts with no index).
+# A failed build prints the log's first error lines (scripts/build_log_excerpt.py) and keeps the whole log under the
+# cache's logs/. Without HOROVOD_GPU_OPERATIONS the build is a CPU one whatever torch wheel (CUDA or CPU) is installed
+# and whatever nvcc is on PATH (fix 4 in scripts/patch_horovod.py); with it, a CUDA toolkit without its runtime
+# (cuda_runtime.h, libcudart) is refused before the build.
 set -euo pipefail
 
 PY=${1:?usage: scripts/build_horovod.sh PYTHON}
+print_key=0
+[ "${2:-}" = "--print-key" ] && print_key=1  # builds, installs and changes nothing: no apt-get, no links, no cache
 HOROVOD_VERSION=0.28.1
 FRAMEWORKS=${HVDTRAIN_FRAMEWORKS:-torch mxnet}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +49,9 @@ log() { echo "[build_horovod] $*" >&2; }
 with_mpi=0
 if [ "${HVDTRAIN_NO_MPI:-0}" != 1 ]; then
   if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicxx >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    if [ $print_key = 1 ]; then
+      :  # the key then says MPI is missing, as the build would find it without the install
+    elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       log "Open MPI not found: installing openmpi-bin and libopenmpi-dev with apt-get"
       apt-get update -qq >&2
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
@@ -80,10 +89,12 @@ if [ "$gpu_ops" != none ]; then
       # The wheel has libnccl.so.2 but no libnccl.so for the linker: a folder beside the cache gives it one.
       cache_dir=${HVDTRAIN_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvdtrain/horovod}
       nccl_home="$cache_dir/nccl-$(sha256sum "$nccl_dir/lib/libnccl.so.2" | cut -c1-12)"
-      mkdir -p "$nccl_home/lib"
-      ln -sfn "$nccl_dir/include" "$nccl_home/include"
-      ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
-      ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so.2"
+      if [ $print_key = 0 ]; then
+        mkdir -p "$nccl_home/lib"
+        ln -sfn "$nccl_dir/include" "$nccl_home/include"
+        ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so"
+        ln -sf "$nccl_dir/lib/libnccl.so.2" "$nccl_home/lib/libnccl.so.2"
+      fi
       export HOROVOD_NCCL_HOME=$nccl_home HOROVOD_NCCL_LINK=SHARED
     fi
   fi
@@ -116,7 +127,7 @@ fw_tag=$(echo $FRAMEWORKS | tr ' ' '+')
 build_env=$( { env | grep '^HOROVOD_' || true; } | LC_ALL=C sort | sha256sum | cut -c1-12)
 key="horovod-${HOROVOD_VERSION}_${fw_tag}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_env-${build_env}_build-${script_hash}"
 key=$(echo "$key" | tr '+/ ' '___')
-if [ "${2:-}" = "--print-key" ]; then
+if [ $print_key = 1 ]; then
   echo "$key"
   exit 0
 fi
@@ -180,6 +191,32 @@ fi
 rm -rf "$entry"
 
 # --- build ------------------------------------------------------------------------------------------------------
+# GPU operations need the CUDA toolkit's runtime (headers and libcudart), not only nvcc: say what is missing now,
+# not after minutes of building. Without GPU operations nothing CUDA is built (fix 4), whatever torch or PATH hold.
+check_cuda_toolkit() {
+  local nvcc top missing=()
+  if [ -n "${HOROVOD_CUDA_HOME:-}" ]; then nvcc="$HOROVOD_CUDA_HOME/bin/nvcc"; else nvcc=$(command -v nvcc || true); fi
+  if [ -z "$nvcc" ] || [ ! -x "$nvcc" ]; then
+    log "error: HOROVOD_GPU_OPERATIONS=$gpu_ops needs the CUDA toolkit, but no nvcc was found (PATH, HOROVOD_CUDA_HOME, /usr/local/cuda): install the toolkit or set HOROVOD_CUDA_HOME to its root; unset HOROVOD_GPU_OPERATIONS for a CPU build"
+    exit 2
+  fi
+  # nvcc may be a wrapper script: its own dry run names the toolkit's root (TOP)
+  local probe; probe=$(mktemp -d)
+  : > "$probe/probe.cu"
+  top=$("$nvcc" --dryrun -c "$probe/probe.cu" -o "$probe/probe.o" 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1 || true)
+  rm -rf "$probe"
+  [ -n "$top" ] || top=$(dirname "$(dirname "$nvcc")")
+  compgen -G "$top/include/cuda_runtime.h" >/dev/null || compgen -G "$top/targets/*/include/cuda_runtime.h" >/dev/null \
+    || missing+=("cuda_runtime.h (the runtime headers)")
+  compgen -G "$top/lib64/libcudart*" >/dev/null || compgen -G "$top/lib/libcudart*" >/dev/null \
+    || compgen -G "$top/targets/*/lib/libcudart*" >/dev/null || missing+=("libcudart (the runtime library)")
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "error: HOROVOD_GPU_OPERATIONS=$gpu_ops needs the CUDA toolkit's runtime, but $(IFS=,; echo "${missing[*]}" | sed 's/,/ and /') is missing under $top (nvcc: $nvcc): install the toolkit's development files (e.g. cuda-cudart-dev) or set HOROVOD_CUDA_HOME to a complete toolkit; unset HOROVOD_GPU_OPERATIONS for a CPU build"
+    exit 2
+  fi
+}
+[ "$gpu_ops" = none ] || check_cuda_toolkit
+
 log "building Horovod $HOROVOD_VERSION for $FRAMEWORKS (torch $torch_v, mxnet $mxnet_v, MPI: $with_mpi, GPU ops: $gpu_ops); about 5 minutes on 2 cores"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -206,8 +243,12 @@ if [ $with_mpi = 1 ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOU
 export MAKEFLAGS=${MAKEFLAGS:--j$(( $(nproc) + 1 ))}
 
 "${PIP[@]}" wheel -v --no-deps --no-build-isolation -c "$CONSTRAINTS" -w "$work/dist" "$src" > "$work/build.log" 2>&1 || {
-  tail -n 60 "$work/build.log" >&2
-  log "Horovod build failed; the last 60 lines of its log are above"
+  # The cause is usually far above the tail (setuptools' clean-up ends the log): its first error lines first.
+  mkdir -p "$cache_root/logs"
+  kept="$cache_root/logs/build-$(date +%Y%m%d-%H%M%S)-${py_tag}.log"
+  cp "$work/build.log" "$kept"
+  "$PY" "$HERE/build_log_excerpt.py" "$work/build.log" >&2 || tail -n 60 "$work/build.log" >&2
+  log "Horovod build failed; its first error lines are above, the whole log is in $kept"
   exit 1
 }
 whl=$(ls "$work"/dist/horovod-*.whl)

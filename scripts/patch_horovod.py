@@ -18,6 +18,15 @@
    HOROVOD_IDLE_WAIT=2 negotiates at once. Unset or 0 is Horovod's own loop. Only with a single process set and no
    dynamic process sets (a rank waiting here takes part in no collective, so every set would have to be idle).
 
+4. A CPU host that got PyTorch's default (CUDA) wheel: FindPytorch.cmake takes torch for a CUDA build when torch was
+   built with CUDA and torch finds a CUDA_HOME (any nvcc on PATH, or /usr/local/cuda), and horovod/torch then asks
+   for the whole CUDA toolkit ("Could NOT find CUDAToolkit (missing: CUDAToolkit_INCLUDE_DIR CUDA_CUDART)" where
+   only nvcc is installed). Horovod's GPU support is asked for with HOROVOD_GPU_OPERATIONS (or HOROVOD_GPU_ALLREDUCE,
+   ...), which makes the top-level CMakeLists set HAVE_CUDA / HAVE_ROCM; without them the torch extension is built
+   as a CPU extension (CppExtension flags, no CUDA kernels), which a CUDA build of torch loads and runs on the CPU.
+   And the top-level CMakeLists looks for a CUDA compiler only then: an nvcc on PATH without the toolkit's runtime
+   otherwise fails enable_language(CUDA) ("Couldn't find CUDA library root") in a build that compiles no CUDA.
+
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
 """
@@ -120,6 +129,24 @@ bool RunLoopOnce(HorovodGlobalState& state) {
 ]
 
 
+FIND_PYTORCH = os.path.join("cmake", "Modules", "FindPytorch.cmake")
+CUDA_TEST = 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n'
+CPU_UNLESS_ASKED = CUDA_TEST + """# hvdtrain (fix 4): a CUDA build of torch makes a CUDA Horovod only when GPU operations were asked for.
+if(Pytorch_CUDA AND NOT HAVE_CUDA)
+    message(STATUS "hvdtrain: torch is a CUDA build, but no GPU operations were asked for: building for the CPU")
+    set(Pytorch_CUDA FALSE)
+endif()
+"""
+
+GPU_ASKED = ("DEFINED HOROVOD_GPU_ALLREDUCE OR DEFINED HOROVOD_GPU_ALLGATHER OR DEFINED HOROVOD_GPU_BROADCAST OR "
+             "DEFINED HOROVOD_GPU_ALLTOALL OR DEFINED HOROVOD_GPU_REDUCESCATTER")
+CUDA_LANGUAGE = [  # (old, new) in the top-level CMakeLists.txt: the compiler search inside "GPU operations asked for"
+    ("include(CheckLanguage)\n", f"# hvdtrain (fix 4): a CUDA compiler only when GPU operations were asked for\n"
+                                 f"if({GPU_ASKED})\ninclude(CheckLanguage)\n"),
+    ("    enable_language(CUDA)\nendif()\n", "    enable_language(CUDA)\nendif()\nendif()  # hvdtrain (fix 4)\n"),
+]
+
+
 class PatchError(RuntimeError):
     pass
 
@@ -145,6 +172,8 @@ def patch(src: str) -> List[Tuple[str, str]]:
     done = [(name, _replace(os.path.join(src, name), CXX14, CXX17, 1)) for name in CXX_FILES]
     done.append((OPERATIONS, _replace(os.path.join(src, OPERATIONS), TRACE_AFTER, TRACE_BEFORE, TRACE_SITES)))
     done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in IDLE_WAIT]
+    done.append((FIND_PYTORCH, _replace(os.path.join(src, FIND_PYTORCH), CUDA_TEST, CPU_UNLESS_ASKED, 1)))
+    done += [(CXX_FILES[0], _replace(os.path.join(src, CXX_FILES[0]), old, new, 1)) for old, new in CUDA_LANGUAGE]
     return done
 
 

@@ -18,10 +18,15 @@ def fake_sdist(root):
     (root / "horovod" / "common").mkdir(parents=True)
     for name in patch_horovod.CXX_FILES:
         (root / name).write_text(f"project(x)\n{patch_horovod.CXX14}\n")
+    top = root / patch_horovod.CXX_FILES[0]
+    top.write_text(top.read_text() + "".join(old for old, _new in patch_horovod.CUDA_LANGUAGE))
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
     texts = {patch_horovod.OPERATIONS: [sites]}
     for name, old, _new, _count in patch_horovod.IDLE_WAIT:
         texts.setdefault(name, []).append(old)
+    texts[patch_horovod.FIND_PYTORCH] = ["find_package_handle_standard_args(Pytorch)", patch_horovod.CUDA_TEST,
+                                         "if (Pytorch_CUDA OR Pytorch_ROCM)"]
+    (root / "cmake" / "Modules").mkdir(parents=True)
     for name, parts in texts.items():
         (root / name).write_text("\n".join(parts))
     return root
@@ -38,10 +43,16 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
     queue_cc = (src / patch_horovod.QUEUE_CC).read_text()
     assert queue_cc.count("work_cv_.notify_one();") == 3, "both enqueues and Wake() notify the background thread"
     assert "IdleWaitMode()" in ops and "tensor_queue.Wake();" in ops
+    find = (src / patch_horovod.FIND_PYTORCH).read_text()
+    assert find.index("if(Pytorch_CUDA AND NOT HAVE_CUDA)") < find.index("if (Pytorch_CUDA OR Pytorch_ROCM)"), \
+        "a CUDA torch counts as a CPU one, unless GPU operations were asked for, before the extension type is chosen"
     later = patch_horovod.IDLE_WAIT
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
-    fixes = 3 + len(later)
+    fixes = 4 + len(later) + len(patch_horovod.CUDA_LANGUAGE)
+    top = (src / patch_horovod.CXX_FILES[0]).read_text()
+    assert top.index(f"if({patch_horovod.GPU_ASKED})") < top.index("include(CheckLanguage)") < \
+        top.index("endif()  # hvdtrain (fix 4)"), "no CUDA compiler is looked for unless GPU operations were asked for"
     assert again.returncode == 0 and again.stderr.count("already patched") == fixes, again.stderr
     assert all((src / name).read_text() == text for name, text in patched.items()), "a second run changed a file"
 
