@@ -126,10 +126,16 @@ class MXNetBackend(Backend):
     def init(self, cfg) -> None:
         if cfg.adasum:
             raise ConfigError("--adasum is supported on --framework torch only (horovod.mxnet has no Adasum trainer)")
-        # Horovod: ranks on one host share its cores (horovod#2804). MXNet reads OMP_NUM_THREADS when its engine
-        # starts, so it is set from the launcher's local size before mxnet is imported, and set again after init.
-        self.threads = estimated_threads(_launcher_local_size(), cfg.threads)
-        os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        # Horovod: ranks on one host share its cores (horovod#2804). MXNet's engine and operator threads take their
+        # OpenMP count from OMP_NUM_THREADS when it is loaded, and keep it (MXSetNumOMPThreads changes the calling
+        # thread's only): the count is fixed here, before mxnet is imported and before the ranks can compare their
+        # cores, from the launcher's local size and this rank's affinity; --threads, or an OMP_NUM_THREADS the user
+        # set, wins. That is the count every MXNet thread uses and config.json reports; after hvd.init the ranks
+        # compare their cores and say when it oversubscribes them.
+        user_omp = os.environ.get("OMP_NUM_THREADS", "")
+        requested = cfg.threads or (int(user_omp) if user_omp.isdigit() and int(user_omp) > 0 else 0)
+        self.threads = estimated_threads(_launcher_local_size(), requested)
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
         import mxnet as mx
@@ -154,9 +160,14 @@ class MXNetBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        self.threads = self.threads_per_rank(cfg.threads)
+        shared = self.threads_per_rank(0)  # one collective on every rank: what the cores allow, compared
+        if shared < self.threads and not requested and self.local_rank == 0:
+            print(f"hvdtrain: warning: MXNet's threads were fixed at {self.threads} per rank when it started (before "
+                  f"the ranks could compare their cores), but the ranks on this host share cores so that "
+                  f"{shared} each would not oversubscribe them: pass --threads {shared}", file=sys.stderr,
+                  flush=True)
         import ctypes
-        mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))
+        mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))  # the calling thread too
         # Horovod: one GPU per process, chosen by local rank.
         self.ctx = self.device = rank_context(mx, self.local_rank, self.local_size)
         self.on_gpu = self.ctx.device_type == "gpu"
