@@ -164,6 +164,26 @@ def unpack_image_record(payload: bytes) -> Tuple[float, int, bytes]:
     return label, key, body
 
 
+def recordio_num_classes(rec_path: str, idx_path: str) -> int:
+    """1 + the largest class label among an indexed RecordIO file's records, reading each record's header only."""
+    top = -1
+    with open(rec_path, "rb") as f:
+        for _key, offset in read_index(idx_path):
+            f.seek(offset)
+            head = f.read(8 + _IR_SIZE + 4)
+            if len(head) < 8 + _IR_SIZE:
+                raise RuntimeError(f"{rec_path}: record at byte {offset} is truncated")
+            magic, _ = struct.unpack("<II", head[:8])
+            if magic != _MAGIC:
+                raise RuntimeError(f"{rec_path}: no RecordIO record at byte {offset} (bad magic); is the .idx from "
+                                   f"this .rec?")
+            flag, label, _, _ = struct.unpack(_IR_FORMAT, head[8:8 + _IR_SIZE])
+            if flag > 0:  # an array of labels: the first is the class
+                label = struct.unpack("<f", head[8 + _IR_SIZE:8 + _IR_SIZE + 4])[0]
+            top = max(top, int(label))
+    return top + 1
+
+
 def read_index(idx_path: str) -> List[Tuple[int, int]]:
     out = []
     with open(idx_path) as f:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, Tuple
 
 from hvdtrain import ConfigError, TrainConfig, Trainer
-from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset
+from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset, recordio_num_classes
 
 # --model -> (architecture of recipes.resnet_torch, stride in the first 1x1 convolution: ResNet v1)
 MODELS = {"resnet50_v1b": ("resnet50", False), "resnet50_v1": ("resnet50", True),
@@ -50,7 +50,8 @@ class ImageNetConfig(TrainConfig):
     data_format: Literal["auto", "imagefolder", "recordio"] = "auto"
     """Data layout in --data-dir: auto, imagefolder or recordio."""
     num_classes: int = 0
-    """Classes (0: the number of class directories of an ImageFolder, 1000 for RecordIO)."""
+    """Classes (0: the number of class directories of an ImageFolder, 1 + the largest label of train.rec for RecordIO,
+    1000 with --synthetic)."""
     image_size: int = 224
     """Side of the training and validation crops."""
     val_resize: int = 256
@@ -91,8 +92,14 @@ class ImageNetTrainer(Trainer):
     def num_classes(self) -> int:
         if self.cfg.num_classes:
             return self.cfg.num_classes
-        if self._format() == "imagefolder" and os.path.isdir(os.path.join(self.cfg.data_dir, "train")):
-            return len(ImageFolder(os.path.join(self.cfg.data_dir, "train")).classes)
+        d = self.cfg.data_dir
+        if self._format() == "imagefolder" and os.path.isdir(os.path.join(d, "train")):
+            return len(ImageFolder(os.path.join(d, "train")).classes)
+        if not self.cfg.synthetic and os.path.isfile(os.path.join(d, "train.idx")):
+            if getattr(self, "_recordio_classes", None) is None:  # a scan of the record headers: once
+                self._recordio_classes = recordio_num_classes(os.path.join(d, "train.rec"),
+                                                              os.path.join(d, "train.idx"))
+            return self._recordio_classes
         return 1000
 
     def _format(self) -> str:

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset, write_recordio
+from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset, recordio_num_classes, write_recordio
 from tests.helpers import ROOT
 
 
@@ -32,6 +32,16 @@ def test_imagefolder_and_recordio_give_the_same_samples(photos):
             (xa, ya), (xb, yb) = a[i], b[i]
             assert ya == yb and xa.shape == xb.shape == (3, 32, 32)
             np.testing.assert_array_equal(xa, xb)
+
+
+def test_the_imagenet_recipe_takes_its_classes_from_the_records(photos):
+    # Not 1000 (the old default for RecordIO): MXNet trained a 1000-way classifier on a 10-class set that way.
+    from recipes.imagenet import ImageNetTrainer
+    folder, rec = photos
+    assert recordio_num_classes(os.path.join(rec, "train.rec"), os.path.join(rec, "train.idx")) == 2
+    assert ImageNetTrainer(data_dir=rec, data_format="recordio").num_classes == 2
+    assert ImageNetTrainer(data_dir=folder).num_classes == 2
+    assert ImageNetTrainer(data_dir=rec, num_classes=7).num_classes == 7
 
 
 def test_recordio_files_are_readable_by_mxnet(photos):
