@@ -77,6 +77,17 @@ class ImageNetConfig(TrainConfig):
             raise ConfigError(f"--num-classes must be 0 (auto) or more, got {self.num_classes}")
 
 
+def _blocks(net, kind) -> list:
+    """Every child block of ``net`` (recursively) that is a ``kind``."""
+    found, stack = [], [net]
+    while stack:
+        block = stack.pop()
+        if isinstance(block, kind):
+            found.append(block)
+        stack.extend(block._children.values())
+    return found
+
+
 class ImageNetTrainer(Trainer):
     """ResNet on ImageNet (ImageFolder or RecordIO), fp32/fp16/bf16, PyTorch or MXNet."""
 
@@ -153,6 +164,11 @@ class ImageNetTrainer(Trainer):
         gcv = import_gluoncv()
         net = gcv.model_zoo.get_model(self.cfg.model, pretrained=False, classes=self.num_classes,
                                       last_gamma=self.cfg.last_gamma)
+        if self.cfg.last_gamma:
+            # GluonCV zeroes the last gamma of its bottlenecks only; its BasicBlockV1b (ResNet-18/34) ignores
+            # last_gamma. Its last BatchNorm starts at zero here, as in the PyTorch model.
+            for block in _blocks(net, gcv.model_zoo.resnetv1b.BasicBlockV1b):
+                block.bn2.gamma.init = mx.init.Zero()
         # GluonCV's ImageNet initialisation (He, gaussian, fan-in); shapes resolve at the first forward pass.
         net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2))
         return net

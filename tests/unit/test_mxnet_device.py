@@ -56,3 +56,17 @@ def test_every_batch_has_the_networks_dtype(precision, dtype):
     real = next(backend.loader(arrays, range(8), 4, drop_last=True))
     for x, y in (synthetic, real):
         assert x.dtype == dtype and x.context == STAND_IN and y.context == STAND_IN
+
+
+@pytest.mark.parametrize("model, blocks", [("resnet18_v1b", 8), ("resnet50_v1b", 16)])
+def test_last_gamma_zeroes_every_residual_branch_on_mxnet_as_on_pytorch(model, blocks):
+    # GluonCV's BasicBlockV1b (ResNet-18/34) ignores last_gamma; the recipe zeroes its last BatchNorm itself.
+    from recipes.imagenet import ImageNetConfig, ImageNetTrainer
+    for last_gamma in (True, False):
+        net = ImageNetTrainer(ImageNetConfig(framework="mxnet", model=model, image_size=32, num_classes=10,
+                                             synthetic=True, last_gamma=last_gamma)).build_mxnet()
+        net(mx.nd.zeros((1, 3, 32, 32)))
+        last = [p for name, p in net._collect_params_with_prefix().items()
+                if name.endswith(("bn2.gamma" if blocks == 8 else "bn3.gamma"))]
+        assert len(last) == blocks
+        assert all((float(p.data().abs().sum().asscalar()) == 0) == last_gamma for p in last), model
