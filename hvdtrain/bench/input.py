@@ -32,7 +32,10 @@ def input_pipeline(recipe: str, framework: str, np_: int, rounds: int, steps: in
         seconds are steps x batch / img/s, so the batch cancels too."""
         short = run_recipe(recipe, framework, np_, threads, steps, args, timeout)
         long = run_recipe(recipe, framework, np_, threads, 2 * steps, args, timeout)
-        return 1.0 / (2.0 / long - 1.0 / short)
+        extra = 2.0 / long - 1.0 / short  # seconds per image of the second half (steps x batch cancel)
+        # A run so short that the noise exceeds the start-up cost leaves no positive difference: the long run's own
+        # rate then (start-up included), not a negative or infinite img/s.
+        return 1.0 / extra if extra > 0 else long
 
     res = compare({
         "loader": loader_alone,

@@ -9,7 +9,9 @@ from tests.tiny_recipe import TinyConfig, TinyTrainer
 
 def tiny(framework, tmp_path_factory, **kw):
     out = tmp_path_factory.mktemp("run")  # rank 0's output; other ranks write nothing
-    args = dict(framework=framework, output_dir=str(out), resume="never", batch_size=16, epochs=2, base_lr=0.05)
+    # fp32: these tests compare runs with float32 bounds; --precision auto would be bf16 on a CPU with native bf16.
+    args = dict(framework=framework, output_dir=str(out), resume="never", batch_size=16, epochs=2, base_lr=0.05,
+                precision="fp32")
     cfg = TinyConfig(**{**args, **kw})
     return TinyTrainer(cfg)
 

@@ -33,15 +33,18 @@ def test_tasks_of_a_slurm_step_that_horovod_runs_as_separate_jobs_stop_before_wr
 def test_a_second_job_on_a_live_jobs_output_dir_is_refused(tmp_path):
     out, gate = str(tmp_path / "out"), tmp_path / "running"
     gate.touch()
-    first = subprocess.Popen(hvdtrain(*TINY, "--framework", "torch", "--output-dir", out, "--step-sleep", "0.5",
-                                      "--sleep-while", str(gate)), env=env(), text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+    # The first job sleeps 0.5 s a step for as long as the gate exists (30 epochs would take 2 minutes), so it is
+    # still running however long the second takes to start; without the gate its epochs take a moment each.
+    first = subprocess.Popen(hvdtrain(*TINY, "--framework", "torch", "--output-dir", out, "--epochs", "30",
+                                      "--step-sleep", "0.5", "--sleep-while", str(gate)), env=env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not os.path.exists(os.path.join(out, "config.json")) and first.poll() is None:
             assert time.monotonic() < deadline, "the first job never started"
             time.sleep(0.5)
         second = run(hvdtrain(*TINY, "--framework", "mxnet", "--output-dir", out), timeout=120)
+        assert first.poll() is None, "the first job ended before the second started: the test proves nothing"
         assert second.returncode == 2, describe(second)
         assert f"is in use by a running job (host" in second.stderr and f"pid {first.pid}," in second.stderr, \
             describe(second)
