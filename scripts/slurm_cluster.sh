@@ -21,7 +21,9 @@
 #   - every slurmd shares /tmp, and mpi/pmix creates /tmp/spmix_appdir_<uid>_<job>.<step> on each node: the second
 #     fails ("File exists"). TmpFS points at DIR/tmpfs, and each slurmd's mount namespace binds its own directory
 #     over it.
-# Every daemon runs in a session of its own (setsid); "down" stops them all.
+# Every daemon runs in a session of its own (setsid); "down" stops them all. A bring-up that fails anywhere (a daemon
+# that does not start, nodes not idle within UP_TIMEOUT seconds, default 30) takes down everything it made: daemons,
+# namespaces, spool, and the MUNGE key and directories it created (listed in DIR/munge-created).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -53,12 +55,16 @@ munge_up() {
   if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
     return
   fi
+  # What this script creates of MUNGE's is listed, so that "down" removes it and nothing else.
+  local d
+  for d in /etc/munge /run/munge /var/lib/munge /var/log/munge; do
+    [ -d "$d" ] || { mkdir -p "$d" && echo "$d" >> "$dir/munge-created"; }
+  done
   [ -f /etc/munge/munge.key ] || {
-    mkdir -p /etc/munge
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 2>/dev/null
     chmod 400 /etc/munge/munge.key
+    echo /etc/munge/munge.key >> "$dir/munge-created"
   }
-  mkdir -p /run/munge /var/lib/munge /var/log/munge
   setsid munged --force --pid-file="$dir/munged.pid" --log-file="$dir/log/munged.log" \
     --seed-file="$dir/munged.seed" </dev/null
   local tries=0
@@ -120,7 +126,8 @@ start_on() {
   mkdir -p "$dir/tmp-host$i"
   setsid unshare --mount --propagation private sh -c '
     mount --bind "$1" "$2" && mount --bind "$3" /etc/hosts && shift 3 && exec "$@"' sh \
-    "$dir/tmp-host$i" "$dir/tmpfs" "/etc/netns/$ns/hosts" nsenter --net="/var/run/netns/$ns" "$@" </dev/null
+    "$dir/tmp-host$i" "$dir/tmpfs" "/etc/netns/$ns/hosts" nsenter --net="/var/run/netns/$ns" "$@" </dev/null \
+    || die "$1 did not start on host$i (exit $?); see $dir/log/"
 }
 
 up() {
@@ -133,7 +140,8 @@ up() {
     echo "slurm_cluster: $dir holds an earlier cluster: taking it down first" >&2
     down
   fi
-  trap 'down >/dev/null 2>&1 || true' ERR
+  # Any failure from here on (die, set -e inside a function, a signal) ends the script: its EXIT trap unwinds.
+  trap 'echo "slurm_cluster: bring-up failed: taking down what it started" >&2; down >/dev/null 2>&1 || true' EXIT
   mkdir -p "$dir/log" "$dir/state" "$dir/tmpfs"
   bash "$NETNS" up "$dir/net" "$n" >/dev/null
   local hn; hn=$(hostname)
@@ -151,10 +159,11 @@ up() {
     states=$(run_on sinfo -h -N -o "%t" 2>/dev/null | sort -u | paste -sd, -)
     [ "$states" = "idle" ] && break
     tries=$((tries + 1))
-    [ $tries -lt 150 ] || die "nodes are not idle after 30 s (sinfo: ${states:-no answer}); see $dir/log/"
+    [ $tries -lt $(( ${UP_TIMEOUT:-30} * 5 )) ] \
+      || die "nodes are not idle after ${UP_TIMEOUT:-30} s (sinfo: ${states:-no answer}); see $dir/log/"
     sleep 0.2
   done
-  trap - ERR
+  trap - EXIT
   echo "slurm_cluster: $n nodes up ($(awk '{printf "%s=%s ", $1, $2}' "$dir/net/hosts")); SLURM_CONF=$dir/slurm.conf"
 }
 
@@ -180,6 +189,10 @@ down() {
   [ -e "$dir/net/env" ] && bash "$NETNS" down "$dir/net"
   pkill -9 -f "slurmstepd.*$dir" 2>/dev/null || true
   kill_pidfile "$dir/munged.pid"
+  if [ -f "$dir/munge-created" ]; then  # newest first: the key before its directory
+    tac "$dir/munge-created" | while read -r path; do rm -rf "$path"; done
+    rm -f "$dir/munge-created"
+  fi
   rm -rf "$dir/spool" "$dir/state" "$dir/tmpfs" "$dir"/tmp-host* "$dir/slurm.conf" "$dir/munged.seed"
 }
 

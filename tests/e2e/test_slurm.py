@@ -171,3 +171,34 @@ def _hvdtrain_processes(state: str, host: str) -> dict:
     with open(os.path.join(state, "net", "env")) as f:
         prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
     return hvdtrain_processes(f"{prefix}h{host[len('host'):]}")
+
+
+def _namespaces() -> set:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_a_failed_bring_up_takes_down_all_it_started(tmp_path):
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "slurmd").write_text("#!/bin/sh\necho 'slurmd: fake: refusing to start' >&2\nexit 1\n")
+    (fake / "slurmd").chmod(0o755)
+    state = tmp_path / "cluster"
+    before = _namespaces()
+    munge_before = os.path.exists("/etc/munge")
+    up = run(["bash", SLURM, "up", str(state), "2"], timeout=300, UP_TIMEOUT=3,
+             PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    assert up.returncode != 0 and "slurmd did not start on host0" in up.stderr, describe(up)
+    assert "bring-up failed: taking down what it started" in up.stderr
+    after = _namespaces()
+    assert after - before == set(), after - before  # no namespace host left
+    left = subprocess.run(["pgrep", "-af", f"{state}/slurm.conf"], capture_output=True, text=True).stdout
+    assert left == "", left  # no slurmctld
+    assert subprocess.run(["pgrep", "-af", f"{state}/munged"], capture_output=True, text=True).stdout == ""
+    for name in ("slurm.conf", "spool", "state", "tmpfs", "munge-created", "net/env"):
+        assert not (state / name).exists(), name
+    if not munge_before:
+        assert not os.path.exists("/etc/munge"), "the MUNGE key and directory it created"
