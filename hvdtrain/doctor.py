@@ -150,8 +150,13 @@ def _precisions(gpus: bool) -> Row:
            f"CPU: fp32 native, bf16 emulated ({precision.missing_bf16(flags, cap)})")
     if not native:
         cpu += ": MXNet refuses --precision bf16 here, PyTorch runs it slowly"
-    picked, _ = precision.choose("auto", gpus, native)
-    return ("ok", "precisions", f"{cpu}{'; GPU: fp16' if gpus else ''}; --precision auto picks {picked}", "")
+    from .backends import backend_class
+    picks = []
+    for fw in installed_frameworks() or ["torch", "mxnet"]:
+        picked, _ = precision.choose("auto", gpus, native, slower_bf16=backend_class(fw).slower_bf16)
+        picks.append(f"{picked} on {fw}")
+    return ("ok", "precisions", f"{cpu}{'; GPU: fp16' if gpus else ''}; --precision auto picks {', '.join(picks)}",
+            "")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -57,3 +57,14 @@ def test_torch_trains_emulated_bf16_and_says_once_how_much_slower(tmp_path):
     assert [rank for rank, _ in notices] == ["0"], describe(result)
     assert int(notices[0][1]) >= 2, notices  # measured here: about 130x under the cap, 30x on an AVX2-only EPYC
     assert _config(out)["precision"] == "bf16"
+
+
+def test_doctor_reports_the_native_precisions_and_what_auto_picks():
+    result = run(hvdtrain("doctor"), timeout=120, **AVX2)
+    row = next(line for line in result.stdout.splitlines() if " precisions " in line)
+    assert f"CPU: fp32 native, bf16 emulated ({MISSING})" in row and \
+        "--precision auto picks fp32 on torch, fp32 on mxnet" in row, row
+    native = precision.native_bf16(precision.read_cpu_flags(), None)
+    plain = run(hvdtrain("doctor"), timeout=120)
+    row = next(line for line in plain.stdout.splitlines() if " precisions " in line)
+    assert ("bf16 on torch, fp32 on mxnet" if native else "fp32 on torch, fp32 on mxnet") in row, row
