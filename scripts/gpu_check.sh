@@ -34,14 +34,14 @@ if [ "$mode" = full ]; then
   sdist=${HVDTRAIN_HOROVOD_SDIST:-.gpu/horovod-0.28.1.tar.gz}
   [ -f "$sdist" ] || { echo "gpu_check: no Horovod sdist at $sdist (carry horovod-0.28.1.tar.gz there, or set" \
                             "HVDTRAIN_HOROVOD_SDIST)" >&2; exit 2; }
-  "$PY" -c "import torch; assert torch.cuda.is_available(), 'no GPU visible to PyTorch'" \
-    || { echo "gpu_check: PyTorch sees no GPU; on a CPU machine run it with --cpu-smoke" >&2; exit 2; }
   venv=${GPU_VENV:-.gpu/venv}
   if [ ! -x "$venv/bin/python" ]; then
     log "virtual environment $venv on top of $PY (the host's packages visible)"
     "$PY" -m venv --system-site-packages "$venv" || { echo "gpu_check: could not create $venv with $PY" >&2; exit 2; }
   fi
   PY=$venv/bin/python
+  "$PY" -c "import torch; assert torch.cuda.is_available(), 'no GPU visible to PyTorch'" \
+    || { echo "gpu_check: PyTorch sees no GPU; on a CPU machine run it with --cpu-smoke" >&2; exit 2; }
   log "installing hvdtrain from this checkout into $venv (no dependencies: the host's serve)"
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
     || { tail -n 20 "$out/install.log" >&2; exit 1; }

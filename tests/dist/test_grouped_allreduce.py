@@ -1,4 +1,5 @@
-"""Gradients as grouped allreduces (--allreduce-groups, the CPU default) mean what per-gradient allreduces mean.
+"""Gradients as grouped allreduces (--allreduce-groups, the CPU default) mean what per-gradient allreduces mean, and
+--fp16-allreduce and --predivide act on both.
 
 Each rank's gradient is 40,000 per element: their sum (80,000 on 2 ranks) overflows float16 (max 65,504) when the
 gradients are fp16-compressed for the allreduce, unless --predivide divides them before the sum. So a grouped path
@@ -11,19 +12,23 @@ GRAD = 40000.0
 
 
 def _torch_optimizer(params, predivide=1.0, groups=1):
+    """What the PyTorch backend builds: hvdtrain's grouped optimizer, or Horovod's per-gradient one (groups=0)."""
     import horovod.torch as hvd
     import torch
     from hvdtrain.backends.torch_groups import distributed_optimizer
     opt = torch.optim.SGD([p for _, p in params], lr=0.0)
+    if groups == 0:
+        return hvd.DistributedOptimizer(opt, named_parameters=params, compression=hvd.Compression.fp16,
+                                        gradient_predivide_factor=predivide)
     return distributed_optimizer(opt, params, hvd.Compression.fp16, 1, predivide, groups)
 
 
-def _grouped_average(framework, predivide: float) -> np.ndarray:
-    """The averaged gradient of a weight whose gradient is GRAD on every rank (fp16 compression, one group)."""
+def _average(framework, predivide: float, groups: int) -> np.ndarray:
+    """The averaged gradient of a weight whose gradient is GRAD on every rank (fp16 compression)."""
     if framework == "torch":
         import torch
         w = torch.nn.Parameter(torch.zeros(4))
-        opt = _torch_optimizer([("w", w)], predivide)
+        opt = _torch_optimizer([("w", w)], predivide, groups)
         (w * GRAD).sum().backward()
         opt.synchronize()
         return w.grad.numpy()
@@ -33,7 +38,7 @@ def _grouped_average(framework, predivide: float) -> np.ndarray:
     net.initialize(mx.init.Zero())
     trainer = hvd.DistributedTrainer(net.collect_params(), mx.optimizer.SGD(learning_rate=0.0),
                                      compression=hvd.Compression.fp16, gradient_predivide_factor=predivide,
-                                     num_groups=1)
+                                     num_groups=groups)
     with mx.autograd.record():
         loss = (net(mx.nd.ones((1, 1))) * GRAD).sum()
     loss.backward()
@@ -41,9 +46,12 @@ def _grouped_average(framework, predivide: float) -> np.ndarray:
     return net.weight.grad().asnumpy()
 
 
+@pytest.mark.parametrize("groups", [1, 0])
 @pytest.mark.parametrize("predivide", [1.0, 2.0])
-def test_predivide_reaches_the_grouped_allreduce(framework, ops, predivide):
-    average = _grouped_average(framework, predivide)
+def test_fp16_compression_and_predivide_reach_the_allreduce(framework, ops, predivide, groups):
+    # With and without groups (the CPU default and the GPU one): --fp16-allreduce is what overflows, --predivide what
+    # keeps the sum in range.
+    average = _average(framework, predivide, groups)
     if ops.hvd.size() * GRAD <= 65504:
         pytest.skip(f"{ops.hvd.size()} rank(s): the sum of the gradients fits in float16 either way")
     if predivide == 1.0:  # the test can fail: without the factor the fp16 sum overflows

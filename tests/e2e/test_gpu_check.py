@@ -3,7 +3,7 @@ script with --cpu-smoke (no build: the installed Horovod; doctor; bench amp at a
 import json
 import os
 
-from tests.helpers import ROOT, describe, run
+from tests.helpers import PY, ROOT, describe, run
 
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.sh")
 
@@ -15,6 +15,18 @@ def test_bad_arguments_and_a_missing_sdist_are_one_line_errors(tmp_path):
     assert bad.returncode == 2 and "unknown option --fast" in bad.stderr
     missing = run(["bash", SCRIPT, str(tmp_path)], timeout=60, HVDTRAIN_HOROVOD_SDIST=str(tmp_path / "none.tar.gz"))
     assert missing.returncode == 2 and "no Horovod sdist at" in missing.stderr and "none.tar.gz" in missing.stderr
+
+
+def test_the_full_check_works_in_a_venv_of_its_own_on_top_of_the_hosts_python(tmp_path):
+    # On this CPU it stops at the GPU check, which it makes from that venv: the host's PyTorch seen through it.
+    sdist = tmp_path / "horovod-0.28.1.tar.gz"
+    sdist.write_bytes(b"not read before the GPU check")
+    venv = tmp_path / "venv"
+    result = run(["bash", SCRIPT, str(tmp_path / "out")], timeout=180, HVDTRAIN_HOROVOD_SDIST=str(sdist),
+                 GPU_VENV=str(venv), PYTHON=PY)
+    assert result.returncode == 2 and "PyTorch sees no GPU" in result.stderr, describe(result)
+    assert f"virtual environment {venv} on top of {PY}" in result.stderr
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
 
 
 def test_cpu_smoke_runs_the_whole_check_and_writes_one_json(tmp_path):
