@@ -64,7 +64,7 @@ def test_doctor_reports_the_native_precisions_and_what_auto_picks():
     row = next(line for line in result.stdout.splitlines() if " precisions " in line)
     assert f"CPU: fp32 native, bf16 emulated ({MISSING})" in row and \
         "--precision auto picks fp32 on torch, fp32 on mxnet" in row, row
-    native = precision.native_bf16(precision.read_cpu_flags(), None)
+    native = precision.native_bf16(precision.read_cpu_flags(), precision.isa_cap())  # this environment's cap, if any
     plain = run(hvdtrain("doctor"), timeout=120)
     row = next(line for line in plain.stdout.splitlines() if " precisions " in line)
     assert ("bf16 on torch, fp32 on mxnet" if native else "fp32 on torch, fp32 on mxnet") in row, row
