@@ -20,6 +20,10 @@ TRAIN = ("--epochs", "3", "--threads", "1")  # one thread per rank: the two "hos
 
 
 @dataclass
+ISA_CAPS = [arg for var in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if var in os.environ
+            for arg in ("-x", var)]
+
+
 class Cluster:
     dir: str
     prefix: str
@@ -36,10 +40,12 @@ class Cluster:
         return run(self.command(*cmd), timeout=timeout, **self.env())
 
     def mpirun(self, np: int, hosts: list, *cmd) -> list:
+        # ISA caps (a processor without AVX-512 simulated: README, Tests) reach the other hosts' ranks too, which
+        # would otherwise compute with other kernels than the localhost reference.
         return ["mpirun", "-np", str(np), *hosts, "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1",
                 "-mca", "btl", "^openib", "-mca", "plm_rsh_agent", f"{self.dir}/bin/ssh",
                 "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",
-                "-x", "PATH", "-x", "PYTHONPATH", *cmd]
+                "-x", "PATH", "-x", "PYTHONPATH", *ISA_CAPS, *cmd]
 
     def python_processes(self, host: str) -> dict:
         return hvdtrain_processes(f"{self.prefix}h{host[len('host'):]}")
