@@ -19,11 +19,11 @@ TINY = "tests.tiny_recipe:TinyTrainer"
 TRAIN = ("--epochs", "3", "--threads", "1")  # one thread per rank: the two "hosts" share this machine's cores
 
 
-@dataclass
 ISA_CAPS = [arg for var in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if var in os.environ
             for arg in ("-x", var)]
 
 
+@dataclass
 class Cluster:
     dir: str
     prefix: str
