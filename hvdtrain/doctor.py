@@ -144,10 +144,8 @@ def _system() -> List[Row]:
 def _precisions(gpus: bool) -> Row:
     """What this host computes in natively, and what --precision auto picks here."""
     from . import precision
-    flags, cap = precision.read_cpu_flags(), precision.isa_cap()
-    native = precision.native_bf16(flags, cap)
-    cpu = (f"CPU: fp32, bf16 native ({', '.join(native)})" if native else
-           f"CPU: fp32 native, bf16 emulated ({precision.missing_bf16(flags, cap)})")
+    native, missing = precision.detect_cpu_bf16()
+    cpu = (f"CPU: fp32, bf16 native ({', '.join(native)})" if native else f"CPU: fp32 native, bf16 emulated ({missing})")
     if not native:
         cpu += ": MXNet refuses --precision bf16 here, PyTorch runs it slowly"
     from .backends import backend_class

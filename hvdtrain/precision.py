@@ -84,6 +84,12 @@ def missing_bf16(flags: FrozenSet[str], cap: Optional[Tuple[str, str]] = None) -
     return why
 
 
+def detect_cpu_bf16(environ: Mapping[str, str] = os.environ) -> Tuple[Tuple[str, ...], str]:
+    """(:func:`native_bf16`, :func:`missing_bf16`) of this machine's CPU under this environment's oneDNN cap."""
+    flags, cap = read_cpu_flags(), isa_cap(environ)
+    return native_bf16(flags, cap), missing_bf16(flags, cap)
+
+
 def choose(requested: str, on_gpu: bool, native: Sequence[str], missing: str = "",
            adasum: bool = False, slower_bf16: str = "") -> Tuple[str, str]:
     """(precision, reason) for ``--precision requested``: auto resolved as the module docstring says.
@@ -104,4 +110,4 @@ def choose(requested: str, on_gpu: bool, native: Sequence[str], missing: str = "
     return "fp32", f"auto: no native bf16 on this CPU: {missing or 'bf16 would be emulated'}"
 
 
-__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "choose", "NATIVE_BF16", "AVX512_CORE"]
+__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "detect_cpu_bf16", "choose", "NATIVE_BF16", "AVX512_CORE"]

@@ -139,7 +139,8 @@ def write_record(f, payload: bytes) -> None:
     f.write(b"\x00" * ((4 - len(payload) % 4) % 4))
 
 
-def read_record(f, offset: int, name: str) -> bytes:
+def read_record(f, offset: int, name: str, limit: Optional[int] = None) -> bytes:
+    """The payload of the record at ``offset`` (only its first ``limit`` bytes, when given)."""
     f.seek(offset)
     head = f.read(8)
     if len(head) < 8:
@@ -149,8 +150,10 @@ def read_record(f, offset: int, name: str) -> bytes:
         raise RuntimeError(f"{name}: no RecordIO record at byte {offset} (bad magic); is the .idx from this .rec?")
     if lrec >> 29:
         raise RuntimeError(f"{name}: multi-part record at byte {offset} is not supported")
-    payload = f.read(lrec & ((1 << 29) - 1))
-    if len(payload) != lrec & ((1 << 29) - 1):
+    size = lrec & ((1 << 29) - 1)
+    want = size if limit is None else min(size, limit)
+    payload = f.read(want)
+    if len(payload) != want:
         raise RuntimeError(f"{name}: record at byte {offset} is truncated")
     return payload
 
@@ -169,17 +172,10 @@ def recordio_num_classes(rec_path: str, idx_path: str) -> int:
     top = -1
     with open(rec_path, "rb") as f:
         for _key, offset in read_index(idx_path):
-            f.seek(offset)
-            head = f.read(8 + _IR_SIZE + 4)
-            if len(head) < 8 + _IR_SIZE:
-                raise RuntimeError(f"{rec_path}: record at byte {offset} is truncated")
-            magic, _ = struct.unpack("<II", head[:8])
-            if magic != _MAGIC:
-                raise RuntimeError(f"{rec_path}: no RecordIO record at byte {offset} (bad magic); is the .idx from "
-                                   f"this .rec?")
-            flag, label, _, _ = struct.unpack(_IR_FORMAT, head[8:8 + _IR_SIZE])
+            head = read_record(f, offset, rec_path, limit=_IR_SIZE + 4)  # the header and a first array label
+            flag, label, _, _ = struct.unpack(_IR_FORMAT, head[:_IR_SIZE])
             if flag > 0:  # an array of labels: the first is the class
-                label = struct.unpack("<f", head[8 + _IR_SIZE:8 + _IR_SIZE + 4])[0]
+                label = struct.unpack("<f", head[_IR_SIZE:_IR_SIZE + 4])[0]
             top = max(top, int(label))
     return top + 1
 

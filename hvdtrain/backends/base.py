@@ -175,6 +175,8 @@ class Backend(abc.ABC):
     """The precision this run computes in: ``--precision`` with auto resolved (:meth:`resolve_precision`)."""
     precision_reason: str = ""
     """Why: the flag, or what auto read (a GPU; the CPU's bf16 flags)."""
+    slower_bf16: str = ""
+    """Why this framework's bf16 is slower than its fp32 on a CPU even with native bf16 (auto then keeps fp32)."""
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -201,16 +203,11 @@ class Backend(abc.ABC):
         self.synchronize()  # the window's collectives are finished and recorded before it closes
         self.hvd.stop_timeline()
 
-    slower_bf16: str = ""
-    """Why this framework's bf16 is slower than its fp32 on a CPU even with native bf16 (auto then keeps fp32)."""
-
     def resolve_precision(self, cfg, on_gpu: bool) -> bool:
         """Set :attr:`precision` and :attr:`precision_reason` from ``--precision`` (auto: :mod:`hvdtrain.precision`);
         returns whether bf16 would run natively here (on a GPU: True, the framework decides). ``cfg`` keeps the flag as
         given; the backend computes with ``self.precision`` (the Trainer replaces its config's after ``init``)."""
-        flags, cap = precisions.read_cpu_flags(), precisions.isa_cap()
-        native = precisions.native_bf16(flags, cap)
-        self.bf16_missing = precisions.missing_bf16(flags, cap)
+        native, self.bf16_missing = precisions.detect_cpu_bf16()
         self.precision, self.precision_reason = precisions.choose(cfg.precision, on_gpu, native, self.bf16_missing,
                                                                  cfg.adasum, self.slower_bf16)
         return on_gpu or bool(native)

@@ -17,7 +17,6 @@ pickled ``save_states`` format.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import random
@@ -155,7 +154,6 @@ class MXNetBackend(Backend):
             # descriptor iterator") and emulates bf16 slowly without AVX512-BF16/AMX.
             raise ConfigError(f"--precision bf16 needs native bf16 on --framework mxnet, and {self.bf16_missing}; "
                               f"use --precision auto (fp32 here) or fp32")
-        cfg = dataclasses.replace(cfg, precision=self.precision)
         # Horovod: start the background thread and join the job.
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -172,9 +170,9 @@ class MXNetBackend(Backend):
         self.ctx = self.device = rank_context(mx, self.local_rank, self.local_size)
         self.on_gpu = self.ctx.device_type == "gpu"
         # Every batch is cast to the network's type (float16 networks take float16 data).
-        self.dtype = "float16" if cfg.precision == "fp16" else "float32"
+        self.dtype = "float16" if self.precision == "fp16" else "float32"
         self.scaler = DynamicLossScale() if cfg.dynamic_loss_scale(self.precision) else None
-        if cfg.precision == "bf16":
+        if self.precision == "bf16":
             from mxnet.contrib import amp
             # AMP rewrites operators as they are created: before the network is built.
             amp.init(target_dtype="bfloat16")

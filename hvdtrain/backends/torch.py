@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import random
 import sys
@@ -95,7 +94,6 @@ class TorchBackend(Backend):
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
         native_bf16 = self.resolve_precision(cfg, torch.cuda.is_available())
-        cfg = dataclasses.replace(cfg, precision=self.precision)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
         import horovod.torch as hvd
@@ -122,8 +120,8 @@ class TorchBackend(Backend):
         self.threads = self.threads_per_rank(cfg.threads) if not cfg.elastic else \
             estimated_threads(self.local_size, cfg.threads)  # elastic: a joining worker runs no extra collective
         torch.set_num_threads(self.threads)
-        self.amp_dtype = _AMP_DTYPES.get(cfg.precision)
-        if cfg.precision == "bf16" and not native_bf16 and self.rank == 0:
+        self.amp_dtype = _AMP_DTYPES.get(self.precision)
+        if self.precision == "bf16" and not native_bf16 and self.rank == 0:
             # PyTorch trains in emulated bf16 (not refused as on MXNet, where it fails), but the user is told once.
             print(f"hvdtrain: warning: --precision bf16 is emulated here ({self.bf16_missing}): a bf16 matmul took "
                   f"{bf16_slowdown():.0f}x the fp32 time on this CPU; --precision auto (fp32 here) trains faster",

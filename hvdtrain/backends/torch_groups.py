@@ -22,6 +22,7 @@ from typing import Any, Iterable, Tuple
 
 def _register_hooks(self) -> None:
     from horovod.common.util import split_list
+    from horovod.torch.optimizer import _DistributedOptimizer
     # The same order on every rank without a collective: the parameters' names.
     named = sorted((self._parameter_names[p], p) for group in self.param_groups for p in group["params"]
                    if p.requires_grad)
@@ -30,13 +31,12 @@ def _register_hooks(self) -> None:
         for p in group:
             self._p_to_group[p] = group
         self._group_counts[group] = 0
-    for param_group in self.param_groups:
-        for p in param_group["params"]:
-            if p.requires_grad:
-                self._requires_update.add(p)
-                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                grad_acc.register_hook(self._make_hook(p))
-                self._grad_accs.append(grad_acc)
+    # Horovod's own hook registration, which forms (and broadcasts) groups only while _groups is set.
+    groups, self._groups = self._groups, None
+    try:
+        _DistributedOptimizer._register_hooks(self)
+    finally:
+        self._groups = groups
 
 
 def _grouped_allreduce_grad_async(self, ps: Tuple[Any, ...]):
