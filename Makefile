@@ -8,6 +8,7 @@
 #   e.g. make install FRAMEWORKS=torch VENV=.venv-gpu TORCH_INDEX=https://<your torch wheel index>/cu128 HOROVOD_GPU_OPERATIONS=NCCL
 
 PYTHON      ?= python3.11
+COMMA       := ,
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 CONSTRAINTS := scripts/constraints.txt
@@ -42,7 +43,7 @@ $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
 	@bash scripts/check_stack.sh "$(PYTHON)" "$(FRAMEWORKS)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(FRAMEWORK_SPECS) \
-		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test]"
+		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test$(if $(filter torch,$(FRAMEWORKS)),$(COMMA)onnx)]"
 	@touch $@
 
 horovod: deps

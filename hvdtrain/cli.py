@@ -5,11 +5,14 @@ rank at once with one line naming what to fix and exit status 2.
 """
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import os
 import sys
 import traceback
 from typing import List, Optional
+
+import numpy as np
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, help_text, parse_overrides
@@ -19,6 +22,10 @@ USAGE = """usage: python -m hvdtrain COMMAND ...
 
 commands:
   recipe NAME [--option value ...]   train a recipe (NAME from 'list', or package.module:TrainerClass)
+  eval SOURCE [--option value ...]   evaluate a run's checkpoint (or an export, .pt, .params) on the recipe's
+                                     validation set, under horovodrun like training: loss, top-1, top-5
+  export SOURCE [--format native|onnx] [--framework torch|mxnet] [--output DIR]
+                                     the trained model in a framework's own format or ONNX, with model.json
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
@@ -66,6 +73,95 @@ def cmd_recipe(argv: List[str]) -> int:
     return 0
 
 
+def _pop_option(argv: List[str], name: str, default: str = "") -> str:
+    """Remove ``--name value`` (or ``--name=value``) from ``argv``; its value, or ``default``."""
+    for i, arg in enumerate(argv):
+        if arg == name or arg.startswith(name + "="):
+            if "=" in arg:
+                del argv[i]
+                return arg.partition("=")[2]
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{name} expects a value after it")
+            value = argv[i + 1]
+            del argv[i:i + 2]
+            return value
+    return default
+
+
+def _run_dir(info: dict) -> str:
+    """The run directory a checkpoint lies in ('' for files outside one)."""
+    parent = os.path.dirname(os.path.abspath(info.get("path", "")))
+    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else ""
+
+
+def _from_source(command: str, argv: List[str]):
+    """For export and eval: the trainer class, the configuration the weights in SOURCE were trained with (overridden
+    by the remaining flags), SOURCE and what is known of it."""
+    from . import registry, weights
+    from .config import from_saved
+    if not argv or argv[0].startswith("-"):
+        raise ConfigError(f"{command} needs a SOURCE: a run directory, a checkpoint, an export, a .pt or .params file")
+    source, rest = argv[0], list(argv[1:])
+    recipe = _pop_option(rest, "--recipe")
+    try:
+        arrays, info = weights.read(source)
+    except weights.WeightsError as e:
+        raise ConfigError(str(e)) from None
+    recipe = recipe or info.get("recipe")
+    if not recipe:
+        raise ConfigError(f"{source} does not say which recipe trained it: pass --recipe NAME and the options its "
+                          f"model needs (e.g. --model resnet50_v1b)")
+    cls = registry.load(recipe)
+    base = from_saved(cls.config_class, info.get("config") or {})
+    if getattr(base, "num_classes", None) == 0:  # "from the data": the weights say it without the data
+        head = [np.shape(arrays[n])[0] for n in weights.classifier(arrays) if len(np.shape(arrays[n])) == 2]
+        if head:
+            base = dataclasses.replace(base, num_classes=int(head[0]))
+    if info.get("framework") in ("torch", "mxnet"):  # the framework that wrote it, unless --framework says
+        base = dataclasses.replace(base, framework=info["framework"])
+    return cls, base, rest, source, info
+
+
+def cmd_export(argv: List[str]) -> int:
+    argv = list(argv)
+    fmt = _pop_option(argv, "--format", "native")
+    output = _pop_option(argv, "--output")
+    if fmt not in ("native", "onnx"):
+        raise ConfigError(f"--format must be native or onnx, got {fmt!r}")
+    cls, base, rest, source, info = _from_source("export", argv)
+    cfg = parse_overrides(cls.config_class, rest, base=base)
+    cfg = dataclasses.replace(cfg, resume="never", init_from="", elastic=False)
+    if not output:
+        stem = _run_dir(info) or os.path.splitext(os.path.abspath(info.get("path", source)))[0]
+        output = os.path.join(stem, f"export-{fmt}-{cfg.framework}" if fmt == "native" else "export-onnx")
+    from .weights import WeightsError
+    try:
+        meta = cls(cfg).export(source, fmt, output)
+    except WeightsError as e:
+        raise ConfigError(str(e)) from None
+    files = ", ".join(v for k, v in meta.items() if k in ("weights", "symbol", "symbol_params", "onnx"))
+    print(f"hvdtrain: exported {meta['recipe']} ({meta.get('model') or 'model'}, {meta['num_classes']} classes) "
+          f"as {'ONNX' if fmt == 'onnx' else meta['framework'] + ' native'} to {output}: {files}, model.json, sample.npz; largest logit difference "
+          f"from the {meta['sample']['logits_from']} model on {meta['sample']['inputs']}: {meta['max_abs_diff']:.3g} "
+          f"(logits up to {meta['logit_scale']:.3g})", flush=True)
+    return 0
+
+
+def cmd_eval(argv: List[str]) -> int:
+    argv = list(argv)
+    output = _pop_option(argv, "--output-dir")
+    cls, base, rest, source, info = _from_source("eval", argv)
+    cfg = parse_overrides(cls.config_class, rest, base=base)
+    if not output:
+        output = (os.path.join(_run_dir(info), "eval") if _run_dir(info)
+                  else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
+    cfg = dataclasses.replace(cfg, init_from=source, output_dir=output, elastic=False, resume="never")
+    trainer = cls(cfg)
+    trainer.run_eval()
+    trainer.backend.shutdown()
+    return 0
+
+
 def cmd_list(argv: List[str]) -> int:
     from . import registry
     for name, target in registry.available().items():
@@ -97,7 +193,7 @@ def cmd_bench(argv: List[str]) -> int:
         return 1
 
 
-COMMANDS = {"recipe": cmd_recipe, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
+COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

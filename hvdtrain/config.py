@@ -102,6 +102,11 @@ class TrainConfig:
     """Where rank 0 writes config.json, metrics.jsonl, checkpoints/ and tensorboard/ (default runs/RECIPE-FRAMEWORK)."""
     resume: str = "auto"
     """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path."""
+    init_from: str = ""
+    """Start from these weights instead of random ones (a fresh run only: a checkpoint to resume from wins): an
+    hvdtrain run directory, checkpoint or export of either framework, a PyTorch state dict (.pt/.pth) or a Gluon
+    .params file (GluonCV's model zoo). A classifier of another class count starts fresh; optimizer state starts
+    fresh."""
     keep_checkpoints: int = 3
     """How many of the newest checkpoints to keep."""
     checkpoint_every_steps: int = 0
@@ -188,6 +193,8 @@ class TrainConfig:
             # overflowed would skip that step (and its collectives) while the others run it: a hang.
             raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
                               "dynamic): use --precision bf16 or fp32 with --adasum")
+        if self.init_from and not os.path.exists(self.init_from):
+            raise ConfigError(f"--init-from {self.init_from} does not exist")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
 
@@ -309,6 +316,13 @@ def load_config_file(cls: type, path: str) -> dict:
             raise ConfigError(f"--config {path}: {key} must be a plain value, got {type(value).__name__}")
         values[name] = convert(name, hints[name], "" if value is None else str(value))
     return values
+
+
+def from_saved(cls: type, saved: dict):
+    """A ``cls`` from a saved configuration (config.json, a checkpoint's): keys it does not know are ignored, fields
+    the saved one lacks keep their defaults."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in names})
 
 
 def parse_overrides(cls: type, argv: list, base=None):

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint, guard, schedule
+from . import checkpoint, guard, schedule, weights
 from .backends import make_backend
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
@@ -83,9 +83,12 @@ class Trainer:
         collectives broke, :class:`~hvdtrain.faults.JobFailed` is raised instead, naming the rank that failed first
         and its error (read from the other ranks' error files and heartbeats).
         """
+        return self._guarded(lambda: (self.setup(), self.train())[1])
+
+    def _guarded(self, work):
+        """Run ``work`` with fit()'s failure handling (see there)."""
         try:
-            self.setup()
-            return self.train()
+            return work()
         except BaseException as e:
             failure = self._failed(e)
             if failure is not None:
@@ -120,8 +123,9 @@ class Trainer:
             if self.backend is not None:
                 self.backend.shutdown(failed=True)
 
-    def setup(self) -> None:
-        """Start Horovod, build data and model, broadcast rank 0's state, and resume from a checkpoint if any."""
+    def setup(self, restore: bool = True) -> None:
+        """Start Horovod, build data and model, broadcast rank 0's state, and resume from a checkpoint if any (with
+        ``restore``), else start from --init-from's weights if given."""
         cfg = self.cfg
         self.check()
         backend = self.backend = make_backend(cfg.framework)
@@ -155,7 +159,9 @@ class Trainer:
             raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
                               f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
                               f"lower --batch-size or run fewer ranks")
-        self.start_epoch, self.global_step, self.resume_offset = self._restore()
+        self.start_epoch, self.global_step, self.resume_offset = self._restore() if restore else (0, 0, 0)
+        if cfg.init_from and (self.start_epoch, self.global_step, self.resume_offset) == (0, 0, 0):
+            self._init_from()
 
     def _take_output_dir(self):
         """Rank 0 locks --output-dir for this job (:func:`guard.lock_output_dir`); every rank stops on a refusal."""
@@ -259,6 +265,7 @@ class Trainer:
         train = backend.allreduce_mean({**means, "nonfinite": float(self._nonfinite_seen)})
         healthy = self._decided_healthy(train.pop("nonfinite") == 0)
         self.reporter.progress(self.global_step, "eval")
+        backend.average_statistics()  # the model scored here is the one the checkpoint holds, on every rank
         val = self.evaluate()
         timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start)
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
@@ -360,6 +367,7 @@ class Trainer:
             for k, v in self.backend.eval_step(batch).items():
                 sums[k] = sums[k] + v
         total = self.backend.allreduce_sum(sums)
+        self.eval_count = int(total["count"])  # every validation sample once, over all ranks
         count = max(total["count"], 1.0)
         out = {"val_loss": total["loss_sum"] / count, "val_accuracy": total["correct"] / count}
         if self.report_top5:
@@ -458,6 +466,128 @@ class Trainer:
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
         return {"epoch": int(meta["epoch"]), "global_step": int(meta["global_step"]),
                 "offset": int(meta.get("offset", 0)), "path": path}
+
+    # --- weights in and out: --init-from, eval, export ----------------------------------------------------------------
+    def preprocessing(self) -> Dict[str, Any]:
+        """How raw inputs become the model's input, for exported models (a recipe describes its own)."""
+        return {}
+
+    def _init_from(self) -> None:
+        """--init-from: rank 0 reads the weights and fits them to the model (renamed from the other framework where
+        needed); every rank then takes rank 0's model. Elastic runs, which must not add collectives, read on every
+        rank. Optimizer state stays fresh."""
+        b, path = self.backend, self.cfg.init_from
+        info = None
+        if b.rank == 0 or self.cfg.elastic:
+            try:
+                arrays, source = weights.read(path)
+                fitted, kept = weights.fit(b.model_arrays(), arrays, path, to=b.weight_naming)
+                b.assign_model_arrays(fitted)
+                info = {"kept": kept, "count": len(fitted), "framework": source.get("framework") or "unknown"}
+            except weights.WeightsError as e:
+                info = {"error": f"--init-from: {e}"}
+        if not self.cfg.elastic:
+            info = b.broadcast_object(info)  # Horovod: every rank succeeds or fails alike
+        if "error" in info:
+            raise ConfigError(info["error"])
+        if not self.cfg.elastic:
+            # Horovod: rank 0's weights (and its fresh optimizer state) on every rank.
+            b.broadcast_state()
+        if b.rank == 0:
+            kept = info["kept"]
+            print(f"hvdtrain: initialised from {path} ({info['framework']} weights, {info['count'] - len(kept)} of "
+                  f"{info['count']} arrays)" + (f"; the classifier ({', '.join(kept)}) has another class count "
+                                                f"there and starts fresh" if kept else ""), flush=True)
+
+    def run_eval(self) -> Dict[str, Any]:
+        """Evaluate --init-from's weights on the validation set under Horovod (each sample once over all ranks), with
+        fit()'s failure handling; rank 0 prints the figures and writes OUTPUT_DIR/eval.json."""
+        def work():
+            self.setup(restore=False)
+            out = {**self.evaluate(), "count": self.eval_count, "world_size": self.backend.size,
+                   "framework": self.backend.name, "source": self.cfg.init_from, "precision": self.cfg.precision}
+            if self.backend.rank == 0:
+                with open(os.path.join(self.cfg.output_dir, "eval.json"), "w") as f:
+                    json.dump(out, f, indent=2)
+                top5 = f", val_top5 {100 * out['val_top5']:.2f}%" if out.get("val_top5") is not None else ""
+                print(f"hvdtrain: eval: val_loss {out['val_loss']:.6f}, val_accuracy {100 * out['val_accuracy']:.2f}%"
+                      f"{top5} over {out['count']} samples on {out['world_size']} worker(s); "
+                      f"{self.cfg.output_dir}/eval.json", flush=True)
+            return out
+        return self._guarded(work)
+
+    def sample_inputs(self, n: int = 8) -> Tuple[np.ndarray, str]:
+        """Up to ``n`` validation inputs (float32, the model's preprocessing applied) and where they came from; a
+        seeded normal batch where the recipe's data is not at hand."""
+        try:
+            _, val = self._datasets()
+            if val is not None and len(val):
+                xs = [np.asarray(val[i][0], np.float32) for i in range(min(n, len(val)))]
+                return np.stack(xs), f"{len(xs)} validation samples"
+        except (ConfigError, OSError) as e:
+            why = str(e)
+        else:
+            why = "no validation set"
+        shape = self.input_shape or ()
+        return (np.random.default_rng(0).standard_normal((n,) + tuple(shape)).astype(np.float32),
+                f"{n} random inputs ({why})")
+
+    def _offline_model(self, backend, arrays: Dict[str, np.ndarray], source: str):
+        """The recipe's model on ``backend`` (not initialised: no Horovod), holding ``arrays``."""
+        self.backend = backend
+        model = backend.prepare_model(self._framework_hook("build")(), self.input_shape)
+        fitted, kept = weights.fit(backend.model_arrays(model), arrays, source, to=backend.weight_naming)
+        if kept:
+            raise weights.WeightsError(f"{source} has another class count than the model ({', '.join(kept)}); "
+                                       f"pass --num-classes")
+        backend.assign_model_arrays(fitted, model)
+        return model
+
+    def export(self, source: str, fmt: str, directory: str) -> Dict[str, Any]:
+        """Write the weights in ``source`` as the recipe's model on --framework, in that framework's own formats
+        (``native``) or as ONNX (through a framework that exports it), plus model.json (recipe, classes, input,
+        preprocessing) and sample.npz (inputs and the logits of the source model, in the framework that wrote it).
+        No Horovod. Returns model.json's content, with the largest difference between the source's logits and the
+        exported model's (``max_abs_diff``)."""
+        from .backends import BACKENDS, backend_class
+        arrays, info = weights.read(source)
+        target = backend_class(self.cfg.framework)()
+        if fmt == "onnx" and not target.exports_onnx:
+            able = [n for n in BACKENDS if getattr(self, f"build_{n}", None) and _exports_onnx(n)]
+            if not able:
+                raise ConfigError(f"recipe {self.name} has no model on a framework that exports ONNX")
+            target = backend_class(able[0])()
+        model = self._offline_model(target, arrays, source)
+        x, what = self.sample_inputs()
+        logits = target.predict(model, x)
+        reference, ref_framework = logits, target.name
+        if info.get("framework") in BACKENDS and info["framework"] != target.name:
+            ref_backend = backend_class(info["framework"])()
+            reference = ref_backend.predict(self._offline_model(ref_backend, arrays, source), x)
+            ref_framework = ref_backend.name
+            self.backend = target
+        os.makedirs(directory, exist_ok=True)
+        if fmt == "onnx":
+            target.export_onnx(model, os.path.join(directory, "model.onnx"), self.input_shape)
+            files = {"onnx": "model.onnx"}
+            logits = _onnxruntime_logits(os.path.join(directory, "model.onnx"), x)
+        else:
+            files = target.export_native(model, directory, self.input_shape)
+        np.savez(os.path.join(directory, "sample.npz"), inputs=x, logits=reference)
+        head = [np.shape(arrays[n])[0] for n in weights.classifier(arrays) if len(np.shape(arrays[n])) == 2]
+        meta = {"format": "hvdtrain-export", "kind": fmt, "framework": target.name if fmt == "native" else "onnx",
+                "recipe": self.name, "model": getattr(self.cfg, "model", None),
+                "num_classes": head[0] if head else None, "input_shape": list(self.input_shape),
+                "input": "float32 N x " + " x ".join(map(str, self.input_shape)) + ", preprocessed as below",
+                "output": "logits (unnormalised class scores)", "preprocessing": self.preprocessing(),
+                **files, "source": info.get("path", source), "source_framework": info.get("framework"),
+                "epoch": info.get("epoch"), "config": json.loads(self.cfg.to_json()),
+                "sample": {"file": "sample.npz", "inputs": what, "logits_from": ref_framework},
+                "max_abs_diff": float(np.abs(logits - reference).max()),
+                "logit_scale": float(np.abs(reference).max())}
+        with open(os.path.join(directory, "model.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+        return meta
 
     # --- helpers ----------------------------------------------------------------------------------------------------
     def _framework_hook(self, prefix: str):
@@ -561,3 +691,22 @@ class Trainer:
               f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
         print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
               f"phase", flush=True)
+
+
+def _exports_onnx(framework: str) -> bool:
+    from .backends import backend_class
+    try:
+        return backend_class(framework).exports_onnx
+    except ImportError:  # that framework is not installed
+        return False
+
+
+def _onnxruntime_logits(path: str, x: np.ndarray) -> np.ndarray:
+    """``x`` through the ONNX file at ``path`` with onnxruntime (the onnx extra)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("--format onnx needs the onnx extra: pip install 'hvdtrain[onnx]' "
+                          "(onnx, onnxscript, onnxruntime)") from None
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]

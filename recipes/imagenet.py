@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Literal, Tuple
 
 from hvdtrain import ConfigError, TrainConfig, Trainer
-from hvdtrain.vision import ImageFolder, ImageTransform, RecordIODataset, recordio_num_classes
+from hvdtrain.vision import (IMAGENET_MEAN, IMAGENET_STD, ImageFolder, ImageTransform, RecordIODataset,
+                             recordio_num_classes)
 
 # --model -> (architecture of recipes.resnet_torch, stride in the first 1x1 convolution: ResNet v1)
 MODELS = {"resnet50_v1b": ("resnet50", False), "resnet50_v1": ("resnet50", True),
@@ -142,6 +143,11 @@ class ImageNetTrainer(Trainer):
             if missing:
                 raise ConfigError(f"--data-dir {d} lacks {', '.join(missing)} (RecordIO); build them from an "
                                   f"ImageFolder with 'python scripts/make_recordio.py IMAGEFOLDER_DIR {d}'")
+
+    def preprocessing(self):
+        return {"image": "RGB", "resize_shorter_side": self.cfg.val_resize, "center_crop": self.cfg.image_size,
+                "scale": "pixel / 255", "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD),
+                "layout": f"N x 3 x {self.cfg.image_size} x {self.cfg.image_size} (channels first)"}
 
     def datasets(self):
         cfg, d = self.cfg, self.cfg.data_dir

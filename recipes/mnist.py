@@ -152,6 +152,10 @@ class MNISTTrainer(Trainer):
                 f"--data-dir {cfg.data_dir} does not exist and"
             raise ConfigError(f"{where} lacks {', '.join(missing)} ({self.data_hint.format(data_dir=cfg.data_dir)})")
 
+    def preprocessing(self):
+        return {"image": "28 x 28 grayscale, one channel", "scale": "pixel / 255", "mean": [self.mean],
+                "std": [self.std], "layout": "N x 1 x 28 x 28"}
+
     def datasets(self):
         try:
             train = load_split(self.cfg.data_dir, "train_images", "train_labels", self.mean, self.std)

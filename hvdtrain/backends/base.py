@@ -335,6 +335,44 @@ class Backend(abc.ABC):
         """Make every rank's model and optimizer state equal to rank 0's."""
         ...
 
+    def average_statistics(self) -> None:
+        """Average the model's running statistics (BatchNorm's mean and variance: state that no gradient updates)
+        across ranks. Each rank gathers them from its own shard, so without this the validation set is scored with
+        a different model on each rank, and the checkpoint holds rank 0's, which scores differently again."""
+
+    # --- a model's weights outside the loop: --init-from, eval, export ---------------------------------------------
+    weight_naming: str = ""
+    """How this framework names BatchNorm's parameters (``hvdtrain.weights.TORCH`` or ``GLUON``)."""
+    exports_onnx: bool = False
+    """Whether :meth:`export_onnx` writes ONNX on this framework."""
+
+    def model_arrays(self, model: Any = None) -> Dict[str, np.ndarray]:
+        """Every parameter and buffer of ``model`` (default: the one being trained) as numpy arrays by structural
+        name (``layer1.0.conv1.weight``), in the model's order."""
+        raise NotImplementedError
+
+    def assign_model_arrays(self, arrays: Dict[str, np.ndarray], model: Any = None) -> None:
+        """Set ``model``'s parameters and buffers from ``arrays`` (the names and shapes of :meth:`model_arrays`)."""
+        raise NotImplementedError
+
+    def prepare_model(self, model: Any, sample_shape) -> Any:
+        """A freshly built model made ready for inference on the CPU outside training (shapes resolved); no
+        Horovod."""
+        raise NotImplementedError
+
+    def predict(self, model: Any, x: np.ndarray) -> np.ndarray:
+        """Logits of ``model`` in inference mode for the float32 batch ``x``."""
+        raise NotImplementedError
+
+    def export_native(self, model: Any, directory: str, sample_shape) -> Dict[str, str]:
+        """Write ``model`` in this framework's own formats into ``directory``; returns {role: file name}, with
+        role ``weights`` for the file :func:`hvdtrain.weights.read` reads back."""
+        raise NotImplementedError
+
+    def export_onnx(self, model: Any, path: str, sample_shape) -> None:
+        """Write ``model`` as ONNX (input ``images`` N x C x H x W float32, output ``logits``; N free)."""
+        raise NotImplementedError
+
     # --- elastic ---------------------------------------------------------------------------------------------------
     def run_elastic(self, trainer) -> Any:
         """Run ``trainer.run_epochs()`` under Horovod's elastic driver (backends that have one override this)."""

@@ -476,11 +476,7 @@ class MXNetBackend(Backend):
         unexpected = sorted(set(state["model"]) - set(params))
         if missing or unexpected:
             raise ValueError(f"checkpoint does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        for name, p in params.items():
-            value = state["model"][name]
-            if tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"checkpoint parameter {name} has shape {value.shape}, the model {p.shape}")
-            p.set_data(nd.array(value, ctx=self.ctx, dtype=p.dtype))
+        self.assign_model_arrays(state["model"])
         self._ensure_optimizer_states()
         updater = self._updater()
         index = {id(p): i for i, p in enumerate(self.trainer._params)}
@@ -494,3 +490,54 @@ class MXNetBackend(Backend):
                                 {index[id(params[n])]: int(c) for n, c in state["optimizer"]["index_update_count"].items()})
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+
+    def average_statistics(self) -> None:
+        nd = self.mx.nd
+        stats = [p for p in self._structural_params().values() if not p._differentiable]  # running mean, var
+        if self.size == 1 or not stats:
+            return
+        flat = nd.concat(*[p.data(self.ctx).reshape(-1).astype("float32") for p in stats], dim=0)
+        # Horovod: one allreduce of every running statistic: the model evaluated and saved is the same on each rank.
+        flat = self.hvd.allreduce(flat, op=self.hvd.Average, name=f"hvdtrain.statistics.{self._op()}")
+        offset = 0
+        for p in stats:
+            n = int(np.prod(p.shape))
+            p.set_data(flat[offset:offset + n].reshape(p.shape).astype(p.dtype))
+            offset += n
+
+    # --- a model's weights outside the loop ------------------------------------------------------------------------
+    weight_naming = "gluon"
+
+    def model_arrays(self, model: Any = None) -> Dict[str, np.ndarray]:
+        params = (model or self.model)._collect_params_with_prefix()
+        return {name: p.data(p.list_ctx()[0]).asnumpy() for name, p in params.items()}
+
+    def assign_model_arrays(self, arrays: Dict[str, np.ndarray], model: Any = None) -> None:
+        import mxnet as mx
+        for name, p in (model or self.model)._collect_params_with_prefix().items():
+            value = arrays[name]
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {name} has shape {value.shape}, the model {p.shape}")
+            p.set_data(mx.nd.array(value, ctx=p.list_ctx()[0], dtype=p.dtype))  # every context of p
+
+    def prepare_model(self, model: Any, sample_shape) -> Any:
+        import mxnet as mx
+        place_parameters(mx, model.collect_params(), mx.cpu())
+        resolve_shapes(mx, model, sample_shape, mx.cpu())
+        return model
+
+    def predict(self, model: Any, x: np.ndarray) -> np.ndarray:
+        import mxnet as mx
+        return model(mx.nd.array(x, dtype="float32")).asnumpy()  # outside autograd.record: inference mode
+
+    def export_native(self, model: Any, directory: str, sample_shape) -> Dict[str, str]:
+        import mxnet as mx
+        # Gluon's save_parameters (structural names: what gluoncv.model_zoo.get_model(...).load_parameters reads),
+        # then the hybridized graph and its parameters (what gluon.SymbolBlock.imports reads, without hvdtrain).
+        model.save_parameters(os.path.join(directory, "model.params"))
+        if not isinstance(model, mx.gluon.HybridBlock):
+            return {"weights": "model.params"}
+        model.hybridize()
+        model(mx.nd.zeros((1,) + tuple(sample_shape))).wait_to_read()
+        model.export(os.path.join(directory, "model"), epoch=0)
+        return {"weights": "model.params", "symbol": "model-symbol.json", "symbol_params": "model-0000.params"}

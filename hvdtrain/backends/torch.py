@@ -356,7 +356,56 @@ class TorchBackend(Backend):
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.model.load_state_dict(_to_torch(state["model"]))
+        self.assign_model_arrays(state["model"])
         self.optimizer.load_state_dict(_to_torch(state["optimizer"]))
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+
+    def average_statistics(self) -> None:
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        if self.size == 1 or not buffers:
+            return
+        flat = torch.cat([b.detach().reshape(-1).float() for b in buffers])
+        # Horovod: one allreduce of every running statistic: the model evaluated and saved is the same on each rank.
+        flat = self.hvd.allreduce(flat, op=self.hvd.Average, name="hvdtrain.statistics")
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+
+    # --- a model's weights outside the loop ------------------------------------------------------------------------
+    weight_naming = "torch"
+    exports_onnx = True
+
+    def model_arrays(self, model: Any = None) -> Dict[str, np.ndarray]:
+        return _to_numpy((model or self.model).state_dict())
+
+    def assign_model_arrays(self, arrays: Dict[str, np.ndarray], model: Any = None) -> None:
+        (model or self.model).load_state_dict(_to_torch(dict(arrays)), strict=True)
+
+    def prepare_model(self, model: Any, sample_shape) -> Any:
+        return model.eval()
+
+    def predict(self, model: Any, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model.eval()(torch.from_numpy(np.ascontiguousarray(x, np.float32))).float().numpy()
+
+    def export_native(self, model: Any, directory: str, sample_shape) -> Dict[str, str]:
+        # A plain state dict of tensors: torch.load(path, weights_only=True) reads it, load_state_dict(strict=True)
+        # takes it.
+        torch.save({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
+                   os.path.join(directory, "model.pt"))
+        return {"weights": "model.pt"}
+
+    def export_onnx(self, model: Any, path: str, sample_shape) -> None:
+        try:
+            import onnx  # noqa: F401 - the exporter needs it; say so here rather than deep inside torch.onnx
+            import onnxscript  # noqa: F401
+        except ImportError:
+            raise ConfigError("--format onnx needs the onnx extra: pip install 'hvdtrain[onnx]' "
+                              "(onnx, onnxscript, onnxruntime)") from None
+        x = torch.zeros((2,) + tuple(sample_shape))
+        batch = torch.export.Dim("batch", min=1)
+        with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines are not this command's output
+            torch.onnx.export(model.eval(), (x,), path, input_names=["images"], output_names=["logits"],
+                              dynamic_shapes=({0: batch},), dynamo=True, external_data=False, verbose=False)
