@@ -236,11 +236,12 @@ class MXNetBackend(Backend):
         # horovod.mxnet broadcasts run later on MXNet's engine: finish them now, not during interpreter exit, where
         # an op still pending when Horovod shuts down aborts the process (seen under mpirun).
         self.mx.nd.waitall()
-        counts = self.broadcast_object({"num_update": opt.num_update,
+        counts = self.broadcast_object({"num_update": opt.num_update, "lr": float(self.trainer.learning_rate),
                                         "index": {str(k): v for k, v in opt._index_update_count.items()},
                                         "scaler": self.scaler.state_dict() if self.scaler else None}
                                        if self.rank == 0 else None)
         self._set_update_counts(counts["num_update"], {int(k): v for k, v in counts["index"].items()})
+        self.trainer.set_learning_rate(counts["lr"])  # the rate rank 0's momentum is scaled for
         if self.scaler is not None:
             # Horovod: the loss scale too, so every rank scales and skips alike.
             self.scaler.load_state_dict(counts["scaler"])
@@ -342,7 +343,22 @@ class MXNetBackend(Backend):
                 "count": nd.array([x.shape[0]], ctx=self.ctx)}
 
     def set_lr(self, lr: float) -> None:
+        old = float(self.trainer.learning_rate)
+        if lr != old and old > 0 and getattr(self.trainer._optimizer, "momentum", 0):
+            self._correct_momentum(lr / old)
         self.trainer.set_learning_rate(lr)
+
+    def _correct_momentum(self, ratio: float) -> None:
+        """Momentum correction (Goyal et al. 2017, section 2.1). MXNet's SGD and NAG keep the learning rate inside
+        the momentum (``mom = m mom - lr g``, the weight moves by ``mom``), PyTorch outside it (``buf = m buf + g``,
+        the weight moves by ``lr buf``): the same update while the rate is constant, not when it changes (under
+        warmup and cosine decay, every step). Scaling the momentum by new rate / old rate at each change makes
+        MXNet's update PyTorch's exactly: ``mom = -lr buf`` holds at every step."""
+        for state in self._updater().states.values():
+            # The momentum: the state itself, or the first of (momentum, float32 master weights) with fp16.
+            mom = state[0] if isinstance(state, (tuple, list)) else state
+            if mom is not None:
+                mom *= ratio
 
     def scalar(self, value: Any) -> float:
         return float(value.asnumpy().sum()) if isinstance(value, self.mx.nd.NDArray) else float(value)
@@ -464,7 +480,8 @@ class MXNetBackend(Backend):
         counts = {by_id[id(p)]: opt._index_update_count[i] for i, p in enumerate(self.trainer._params)
                   if i in opt._index_update_count}
         state = {"model": {name: p.data(self.ctx).asnumpy() for name, p in params.items()},
-                 "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts}}
+                 "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts,
+                               "lr": float(self.trainer.learning_rate)}}  # the rate the momentum is scaled for
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
@@ -488,6 +505,8 @@ class MXNetBackend(Backend):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
         self._set_update_counts(state["optimizer"]["num_update"],
                                 {index[id(params[n])]: int(c) for n, c in state["optimizer"]["index_update_count"].items()})
+        if "lr" in state["optimizer"]:  # without momentum correction: the saved momentum is already at this rate
+            self.trainer.set_learning_rate(float(state["optimizer"]["lr"]))
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
