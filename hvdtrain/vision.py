@@ -218,6 +218,12 @@ class RecordIODataset(_Augmented):
         label, _, body = unpack_image_record(read_record(self._file, offset, self.rec_path))
         return label, body
 
+    def stored_sizes(self, samples: int = 64) -> set:
+        """(width, height) of up to ``samples`` images spread over the file, from their headers (no decoding)."""
+        from PIL import Image
+        picks = np.unique(np.linspace(0, len(self) - 1, num=min(samples, len(self))).astype(int))
+        return {Image.open(io.BytesIO(self.read(int(i))[1])).size for i in picks}
+
     def __getitem__(self, index: int):
         label, body = self.read(index)
         key = self.index[index][0]
