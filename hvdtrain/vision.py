@@ -24,16 +24,44 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
 
 
+# AlexNet's PCA lighting noise (Krizhevsky et al. 2012): the eigenvalues and eigenvectors of ImageNet's RGB covariance
+# on the 0-255 scale, as GluonCV's RandomLighting and MXNet's ImageRecordIter (pca_noise) use them.
+PCA_EIGVAL = np.array([55.46, 4.794, 1.148], np.float32)
+PCA_EIGVEC = np.array([[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]],
+                      np.float32)
+_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def color_jitter(arr: np.ndarray, strength: float, rng: np.random.Generator) -> np.ndarray:
+    """Brightness, contrast and saturation of an H x W x 3 float image, each scaled by a factor drawn from
+    [1 - strength, 1 + strength], in random order (GluonCV's RandomColorJitter)."""
+    for kind in rng.permutation(3):
+        alpha = np.float32(1.0 + rng.uniform(-strength, strength))
+        if kind == 0:  # brightness
+            arr = arr * alpha
+        elif kind == 1:  # contrast: towards the image's mean grey
+            arr = arr * alpha + np.float32(1 - alpha) * float((arr @ _LUMA).mean())
+        else:  # saturation: towards each pixel's grey
+            arr = arr * alpha + np.float32(1 - alpha) * (arr @ _LUMA)[..., None]
+    return arr
+
+
+def pca_lighting(arr: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+    """AlexNet-style lighting noise on an H x W x 3 float image on the 0-255 scale (GluonCV's RandomLighting)."""
+    alpha = rng.normal(0.0, std, 3).astype(np.float32)
+    return arr + PCA_EIGVEC @ (alpha * PCA_EIGVAL)
+
+
 class ImageTransform:
-    """train: random-resized-crop to ``size`` (area ``min_area``-100% of the image, aspect 3/4-4/3) and, with
-    ``flip``, a horizontal flip; val: resize the shorter side to ``resize`` and center-crop ``size``. Then scale to
-    [0, 1] and normalize."""
+    """train: random-resized-crop to ``size`` (area ``min_area``-100% of the image, aspect 3/4-4/3), with ``flip`` a
+    horizontal flip, then ``jitter`` (brightness, contrast, saturation) and ``lighting`` (PCA noise) where set; val:
+    resize the shorter side to ``resize`` and center-crop ``size``. Then scale to [0, 1] and normalize."""
 
     def __init__(self, train: bool, size: int = 224, resize: int = 256,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD, min_area: float = 0.08,
-                 flip: bool = True):
+                 flip: bool = True, jitter: float = 0.0, lighting: float = 0.0):
         self.train, self.size, self.resize = train, size, resize
-        self.min_area, self.flip = min_area, flip
+        self.min_area, self.flip, self.jitter, self.lighting = min_area, flip, jitter, lighting
         self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
 
@@ -69,7 +97,12 @@ class ImageTransform:
                 img = img.transpose(Image.FLIP_LEFT_RIGHT)
         else:
             img = self._resize_center_crop(img)
-        arr = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+        arr = np.asarray(img, dtype=np.float32)
+        if self.train and self.jitter:
+            arr = color_jitter(arr, self.jitter, rng)
+        if self.train and self.lighting:
+            arr = pca_lighting(arr, self.lighting, rng)
+        arr = arr.transpose(2, 0, 1) / 255.0
         return (arr - self.mean) / self.std
 
 

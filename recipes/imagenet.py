@@ -63,6 +63,11 @@ class ImageNetConfig(TrainConfig):
     raise it for small images, whose objects fill the frame)."""
     flip: bool = True
     """Flip training images horizontally at random (--no-flip for data whose mirror image is another class)."""
+    color_jitter: float = 0.0
+    """Scale brightness, contrast and saturation of training images by factors from [1-F, 1+F], in random order
+    (GluonCV's train_imagenet.py uses 0.4; 0: off)."""
+    lighting: float = 0.0
+    """AlexNet-style PCA lighting noise on training images with this standard deviation (GluonCV: 0.1; 0: off)."""
 
     def __post_init__(self):
         if self.base_lr == 0.0:
@@ -75,6 +80,9 @@ class ImageNetConfig(TrainConfig):
                               f"{self.image_size} and {self.val_resize}")
         if not 0 < self.min_crop_area <= 1:
             raise ConfigError(f"--min-crop-area must be in (0, 1], got {self.min_crop_area}")
+        if not 0 <= self.color_jitter < 1 or self.lighting < 0:
+            raise ConfigError(f"--color-jitter must be in [0, 1) and --lighting at least 0, got {self.color_jitter} "
+                              f"and {self.lighting}")
         if self.num_classes < 0:
             raise ConfigError(f"--num-classes must be 0 (auto) or more, got {self.num_classes}")
 
@@ -152,7 +160,7 @@ class ImageNetTrainer(Trainer):
     def datasets(self):
         cfg, d = self.cfg, self.cfg.data_dir
         train_t = ImageTransform(train=True, size=cfg.image_size, resize=cfg.val_resize, min_area=cfg.min_crop_area,
-                                 flip=cfg.flip)
+                                 flip=cfg.flip, jitter=cfg.color_jitter, lighting=cfg.lighting)
         val_t = ImageTransform(train=False, size=cfg.image_size, resize=cfg.val_resize)
         if self._format() == "imagefolder":
             return (ImageFolder(os.path.join(d, "train"), train_t, seed=cfg.seed),

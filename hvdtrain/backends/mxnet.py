@@ -455,6 +455,8 @@ class MXNetBackend(Backend):
             num_parts=self.size, part_index=self.rank,
             random_resized_crop=True, min_random_area=t.min_area, max_random_area=1.0,
             min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=t.flip,
+            # The same colour augmentation, MXNet's C++ implementation of it.
+            brightness=t.jitter, contrast=t.jitter, saturation=t.jitter, pca_noise=t.lighting,
             mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2],
             preprocess_threads=threads, round_batch=True)
         done = 0

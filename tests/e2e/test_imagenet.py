@@ -49,10 +49,11 @@ BF16_WHERE_NATIVE = "bf16" if NATIVE_BF16 else "fp32"
 
 @pytest.mark.parametrize("framework, fmt, requested, extra", [
     ("torch", "imagefolder", "fp32", []),
-    ("torch", "recordio", "auto", ["--no-wd", "--label-smoothing", "0.1"]),
+    ("torch", "recordio", "auto", ["--no-wd", "--label-smoothing", "0.1", "--color-jitter", "0.4", "--lighting", "0.1"]),
     ("mxnet", "imagefolder", "fp32", []),
     # 28 px crops of the 32 px records: MXNet's C++ reader (at the stored size hvdtrain's decoder reads them, below)
-    ("mxnet", "recordio", BF16_WHERE_NATIVE, ["--mixup", "0.2", "--mixup-off-epoch", "1", "--image-size", "28"]),
+    ("mxnet", "recordio", BF16_WHERE_NATIVE, ["--mixup", "0.2", "--mixup-off-epoch", "1", "--image-size", "28",
+                                              "--color-jitter", "0.4", "--lighting", "0.1"]),
 ])
 def test_images_train_far_above_chance_on_2_ranks(framework, fmt, requested, extra, images, tmp_path):
     folder, rec = images

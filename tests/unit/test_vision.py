@@ -94,3 +94,27 @@ def test_corrupt_images_are_named(photos, tmp_path):
     with pytest.raises(RuntimeError, match="broken.jpg"):
         write_recordio(ds, str(tmp_path / "out"))
     assert not [n for n in os.listdir(tmp_path) if n.startswith("out")], "no partial RecordIO file is left"
+
+
+def test_color_jitter_and_lighting_are_off_unless_asked_and_change_training_images_only_when_asked():
+    from PIL import Image
+    img = Image.fromarray(np.full((32, 32, 3), 120, np.uint8))  # grey: contrast and saturation leave it alone
+    plain = ImageTransform(train=True, size=32, resize=32, min_area=1.0, flip=False)
+    jitter = ImageTransform(train=True, size=32, resize=32, min_area=1.0, flip=False, jitter=0.4)
+    base = plain(img, np.random.default_rng(0))
+    assert np.array_equal(base, ImageTransform(train=True, size=32, resize=32, min_area=1.0, flip=False, jitter=0.0,
+                                               lighting=0.0)(img, np.random.default_rng(0)))
+    mean, std = np.asarray(plain.mean).ravel(), np.asarray(plain.std).ravel()
+    pixels = [(jitter(img, np.random.default_rng(seed))[0, 0, 0] * std[0] + mean[0]) * 255 for seed in range(200)]
+    ratios = np.asarray(pixels) / 120  # brightness alone moves a grey image: by a factor in [0.6, 1.4]
+    assert ratios.min() >= 0.6 - 1e-4 and ratios.max() <= 1.4 + 1e-4 and ratios.max() - ratios.min() > 0.5
+    val = ImageTransform(train=False, size=32, resize=32, jitter=0.4, lighting=0.1)
+    assert np.array_equal(val(img, None), ImageTransform(train=False, size=32, resize=32)(img, None))
+
+
+def test_pca_lighting_adds_alexnets_noise_the_same_to_every_pixel():
+    from hvdtrain.vision import PCA_EIGVAL, PCA_EIGVEC, pca_lighting
+    arr = np.full((4, 4, 3), 100.0, np.float32)
+    shifts = np.stack([pca_lighting(arr, 0.1, np.random.default_rng(s))[1, 2] - 100 for s in range(2000)])
+    expected = 0.1 * np.sqrt(((PCA_EIGVEC * PCA_EIGVAL) ** 2).sum(axis=1))  # per channel, from the eigen-decomposition
+    assert np.allclose(shifts.std(axis=0), expected, rtol=0.1) and np.allclose(shifts.mean(axis=0), 0, atol=0.5)
