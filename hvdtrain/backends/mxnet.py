@@ -451,6 +451,8 @@ class MXNetBackend(Backend):
         it = mx.io.ImageRecordIter(
             path_imgrec=dataset.rec_path, path_imgidx=dataset.idx_path, data_shape=(3, t.size, t.size),
             batch_size=batch_size, shuffle=True, seed=dataset.seed + dataset.epoch,
+            # Crops, flips and colours from (--seed, epoch, rank): without it the same stream every epoch and rank.
+            seed_aug=int(np.random.SeedSequence([dataset.seed, dataset.epoch, self.rank]).generate_state(1)[0] >> 1),
             # Horovod: each rank reads its own part of the record file.
             num_parts=self.size, part_index=self.rank,
             random_resized_crop=True, min_random_area=t.min_area, max_random_area=1.0,
