@@ -140,10 +140,9 @@ def test_eval_on_the_other_framework_gives_the_same_figures(trained, tmp_path):
     assert got["val_loss"] == pytest.approx(last["val_loss"], rel=CLOSE)
 
 
+@pytest.mark.parametrize("trained", ["mxnet"], indirect=True)
 def test_mxnet_to_torch_and_back_is_bitwise(trained, tmp_path):
     framework, out = trained
-    if framework != "mxnet":
-        pytest.skip("the round trip starts from the MXNet run")
     hvdtrain("export", out, "--framework", "torch", "--output", str(tmp_path / "pt"))
     hvdtrain("export", str(tmp_path / "pt" / "model.pt"), "--recipe", "imagenet", "--model", "resnet18_v1b",
              "--framework", "mxnet", "--output", str(tmp_path / "back"))
