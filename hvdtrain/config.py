@@ -92,6 +92,11 @@ class TrainConfig:
     where the cores that would overlap are the ones computing, 0 on a GPU, with --elastic and with --adasum. On
     PyTorch the groups honour --predivide, run no pickled collective, and count a gradient a rank did not compute
     as zeros (Horovod's own grouped path does none of these)."""
+    shard_optimizer: bool = False
+    """Shard the optimizer update across ranks (ZeRO stage 1, PyTorch's ZeroRedundancyOptimizer, here on both
+    frameworks): the gradients go as one reduce-scatter, each rank updates 1/size of the weights and keeps 1/size of
+    the optimizer state, one allgather returns the updated weights. The same bytes on the wire as the allreduce and
+    the same update; checkpoints hold the whole optimizer state in the plain format."""
     data_dir: str = ""
     """Directory of the dataset (the recipe says which files it needs)."""
     synthetic: bool = False
@@ -170,6 +175,11 @@ class TrainConfig:
         if self.allreduce_groups > 0 and self.adasum:
             raise ConfigError("--allreduce-groups cannot be combined with --adasum: Horovod's Adasum optimizer combines "
                               "each parameter on its own (it would drop the groups); leave it at -1 (auto) or 0")
+        if self.shard_optimizer and (self.adasum or self.elastic or self.allreduce_groups > 0):
+            which = "--adasum" if self.adasum else "--elastic" if self.elastic else "--allreduce-groups"
+            raise ConfigError(f"--shard-optimizer cannot be combined with {which}: the sharded update sends every "
+                              f"gradient as one reduce-scatter and keeps each rank's part of the optimizer state "
+                              f"(an elastic reset or Adasum's per-parameter combination would need all of it)")
         if self.predivide <= 0:
             raise ConfigError(f"--predivide must be positive, got {self.predivide}")
         if not 0 < self.lr_decay <= 1:

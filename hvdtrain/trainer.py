@@ -272,7 +272,9 @@ class Trainer:
                   "images_per_sec": done * global_batch / slowest["train_seconds"],
                   "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
                   "framework": backend.name, "global_step": self.global_step, **timing}
-        if is_root and healthy:  # never a checkpoint of weights that a non-finite loss may have reached
+        if healthy:  # never a checkpoint of weights that a non-finite loss may have reached
+            backend.gather_state()  # Horovod: state the ranks hold in parts (--shard-optimizer), whole on rank 0
+        if is_root and healthy:
             if done == steps:
                 self.save_checkpoint(epoch + 1)
             else:  # --max-steps ended the epoch early
@@ -295,8 +297,10 @@ class Trainer:
         if cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0:
             resumable = True
             # Horovod: every rank takes part in the decision, rank 0 writes.
-            if self._healthy_everywhere() and self.backend.rank == 0:
-                self.save_checkpoint(epoch, offset)
+            if self._healthy_everywhere():
+                self.backend.gather_state()
+                if self.backend.rank == 0:
+                    self.save_checkpoint(epoch, offset)
         return resumable
 
     def commit(self, epoch: int, offset: int, check: bool = True) -> None:
@@ -688,7 +692,8 @@ class Trainer:
         print(f"hvdtrain: {self.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
               f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
               + f" = {cfg.batch_size * cfg.accumulate * b.size}; lr {cfg.base_lr:g} -> {target:g}; "
-              f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
+              + (f"optimizer sharded over {b.size} ranks; " if cfg.shard_optimizer else "")
+              + f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
         print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
               f"phase", flush=True)
 

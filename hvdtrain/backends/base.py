@@ -335,6 +335,10 @@ class Backend(abc.ABC):
         """Make every rank's model and optimizer state equal to rank 0's."""
         ...
 
+    def gather_state(self) -> None:
+        """Collective, on every rank before rank 0 calls :meth:`state_dict` for a checkpoint: bring together state
+        that the ranks hold in parts (--shard-optimizer's optimizer state). Nothing to do otherwise."""
+
     def average_statistics(self) -> None:
         """Average the model's running statistics (BatchNorm's mean and variance: state that no gradient updates)
         across ranks. Each rank gathers them from its own shard, so without this the validation set is scored with

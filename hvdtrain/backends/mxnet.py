@@ -30,6 +30,7 @@ from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
 from ..vision import RecordIODataset
 from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
+from .mxnet_sharded import MXNetShardedUpdate
 
 
 def _launcher_local_size() -> int:
@@ -120,6 +121,7 @@ class MXNetBackend(Backend):
         self.ctx = None
         self.scaler: Optional[DynamicLossScale] = None
         self.dtype = "float32"
+        self.sharded: Optional[MXNetShardedUpdate] = None
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
@@ -201,11 +203,20 @@ class MXNetBackend(Backend):
             opt = kind(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay, multi_precision=multi)
         else:
             opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay, multi_precision=multi)
-        # Horovod: allreduce the gradients inside trainer.step (sum, then / size: the average across ranks).
-        self.trainer = hvd.DistributedTrainer(
-            params, opt,
-            compression=hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none,
-            gradient_predivide_factor=cfg.predivide, num_groups=self.allreduce_groups(cfg))
+        compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
+        self.predivide = cfg.predivide
+        if cfg.shard_optimizer:
+            # Gluon's own Trainer keeps the learning rate and update counts; the update itself is sharded
+            # (mxnet_sharded): reduce-scatter, this rank's shard, allgather.
+            self.trainer = mx.gluon.Trainer(params, opt, kvstore=None)
+            named = [(n, p) for n, p in self._structural_params().items() if p.grad_req != "null"]
+            self.sharded = MXNetShardedUpdate(mx, hvd, named, opt, len(self.trainer._params), self.ctx, compression,
+                                              cfg.predivide, lambda what: f"hvdtrain.{what}.{self._op()}")
+        else:
+            # Horovod: allreduce the gradients inside trainer.step (sum, then / size: the average across ranks).
+            self.trainer = hvd.DistributedTrainer(params, opt, compression=compression,
+                                                  gradient_predivide_factor=cfg.predivide,
+                                                  num_groups=self.allreduce_groups(cfg))
         self.broadcast_state()
 
     def _structural_params(self) -> Dict[str, Any]:
@@ -217,6 +228,8 @@ class MXNetBackend(Backend):
 
     def _ensure_optimizer_states(self) -> None:
         """Create missing optimizer states (Gluon makes them lazily at the first update) so every rank has them."""
+        if self.sharded is not None:  # created with the shard
+            return
         updater, opt = self._updater(), self.trainer._optimizer
         for i, p in enumerate(self.trainer._params):
             if i not in updater.states:
@@ -230,6 +243,11 @@ class MXNetBackend(Backend):
         # Horovod: and from rank 0's optimizer state — horovod.mxnet has no broadcast_optimizer_state.
         self._ensure_optimizer_states()
         updater, opt = self._updater(), self.trainer._optimizer
+        if self.sharded is not None:
+            # Horovod: rank 0's whole state (as created, or as loaded from a checkpoint); each rank keeps its shard.
+            whole = self.broadcast_tree(self.sharded.state_arrays() if self.rank == 0 else None)
+            if self.rank != 0:
+                self.sharded.load_state_arrays(whole)
         for i in sorted(updater.states):
             for j, arr in enumerate(_flatten_state(updater.states[i])):
                 hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}.{self._op()}")
@@ -311,12 +329,18 @@ class MXNetBackend(Backend):
         # Gluon's step() split in its two halves, so that each is a phase. Horovod: allreduce_grads() queues the
         # allreduce of every gradient on MXNet's engine.
         phases.enter("allreduce")
-        self.trainer.allreduce_grads()
+        if self.sharded is not None:
+            self.sharded.reduce()
+        else:
+            self.trainer.allreduce_grads()
         phases.enter("step")
         # Loss scaling: the gradients are looked at after the allreduce, so every rank sees the same ones and skips
         # (or takes) the step together; a skipped step halves the scale.
         self._applied = self.scaler is None or self.scaler.update(self._gradients_finite())
-        if self._applied:
+        if self._applied and self.sharded is not None:
+            # DistributedTrainer's scaling on the CPU: the sum over ranks / (size x samples x loss scale).
+            self.sharded.update(self.predivide / (self.size * samples * scale))
+        elif self._applied:
             # Gluon divides the summed gradients by `samples` (and by the loss scale): the mean over the whole
             # (accumulated) batch.
             self.trainer.update(samples * scale)
@@ -326,6 +350,9 @@ class MXNetBackend(Backend):
         return {"loss": total}
 
     def _gradients_finite(self) -> bool:
+        if self.sharded is not None:
+            # Horovod: each rank looked at its shard only; the step is taken everywhere or nowhere.
+            return self.allreduce_array(np.array([0.0 if self.sharded.finite_here() else 1.0]), "finite")[0] == 0
         grads = [p.grad(self.ctx) for p in self.trainer._params if p.grad_req != "null"]
         nd = self.mx.nd
         finite = nd.multi_all_finite(*grads, num_arrays=len(grads), init_output=True)
@@ -354,7 +381,8 @@ class MXNetBackend(Backend):
         the weight moves by ``lr buf``): the same update while the rate is constant, not when it changes (under
         warmup and cosine decay, every step). Scaling the momentum by new rate / old rate at each change makes
         MXNet's update PyTorch's exactly: ``mom = -lr buf`` holds at every step."""
-        for state in self._updater().states.values():
+        states = self.sharded.states() if self.sharded is not None else self._updater().states.values()
+        for state in states:
             # The momentum: the state itself, or the first of (momentum, float32 master weights) with fp16.
             mom = state[0] if isinstance(state, (tuple, list)) else state
             if mom is not None:
@@ -502,12 +530,25 @@ class MXNetBackend(Backend):
                 states[by_id[id(p)]] = [a.asnumpy() for a in _flatten_state(updater.states[i])]
         counts = {by_id[id(p)]: opt._index_update_count[i] for i, p in enumerate(self.trainer._params)
                   if i in opt._index_update_count}
+        if self.sharded is not None:  # the whole state, gathered (every parameter updated num_update times)
+            states = self.sharded.state_arrays()
+            counts = {name: int(opt.num_update) for name in states}
         state = {"model": {name: p.data(self.ctx).asnumpy() for name, p in params.items()},
                  "optimizer": {"states": states, "num_update": int(opt.num_update), "index_update_count": counts,
                                "lr": float(self.trainer.learning_rate)}}  # the rate the momentum is scaled for
         if self.scaler is not None:
             state["scaler"] = self.scaler.state_dict()
         return state
+
+    def loss_scale(self) -> Optional[float]:
+        return self.scaler.scale if self.scaler is not None else None
+
+    def gather_state(self) -> None:
+        if self.sharded is not None:
+            self.sharded.gather_state()
+
+    def parameters_numpy(self) -> Dict[str, Any]:
+        return {name: p.data(self.ctx).asnumpy() for name, p in self._structural_params().items()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         nd = self.mx.nd
@@ -520,14 +561,20 @@ class MXNetBackend(Backend):
         self._ensure_optimizer_states()
         updater = self._updater()
         index = {id(p): i for i, p in enumerate(self.trainer._params)}
-        for name, arrays in state["optimizer"]["states"].items():
+        for name, arrays in ({} if self.sharded is not None else state["optimizer"]["states"]).items():
             targets = _flatten_state(updater.states[index[id(params[name])]])
             if len(targets) != len(arrays):
                 raise ValueError(f"optimizer state of {name} has {len(arrays)} arrays, the optimizer {len(targets)}")
             for target, value in zip(targets, arrays):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
-        self._set_update_counts(state["optimizer"]["num_update"],
-                                {index[id(params[n])]: int(c) for n, c in state["optimizer"]["index_update_count"].items()})
+        if self.sharded is not None:
+            self.sharded.load_state_arrays(state["optimizer"]["states"])
+            num_update = int(state["optimizer"]["num_update"])
+            self._set_update_counts(num_update, {index: num_update for index, *_ in self.sharded.groups})
+        else:
+            self._set_update_counts(state["optimizer"]["num_update"],
+                                    {index[id(params[n])]: int(c)
+                                     for n, c in state["optimizer"]["index_update_count"].items()})
         if "lr" in state["optimizer"]:  # without momentum correction: the saved momentum is already at this rate
             self.trainer.set_learning_rate(float(state["optimizer"]["lr"]))
         if self.scaler is not None and "scaler" in state:

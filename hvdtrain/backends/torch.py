@@ -16,6 +16,7 @@ from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
 from .torch_groups import distributed_optimizer
+from .torch_sharded import ShardedOptimizer
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -90,6 +91,7 @@ class TorchBackend(Backend):
         self.scaler = None
         self.loss_fn = None
         self.amp_dtype = None
+        self.sharded = False
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
@@ -137,15 +139,26 @@ class TorchBackend(Backend):
         if cfg.no_wd:  # biases and normalization weights (1-d) without weight decay
             params = [{"params": [p for p in params if p.ndim > 1]},
                       {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
-        if cfg.optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=cfg.base_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                                  weight_decay=cfg.weight_decay)
-        else:
-            opt = torch.optim.Adam(params, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
+        def make_optimizer(groups):
+            if cfg.optimizer == "sgd":
+                return torch.optim.SGD(groups, lr=cfg.base_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+                                       weight_decay=cfg.weight_decay)
+            return torch.optim.Adam(groups, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
+
+        compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
+        self.sharded = cfg.shard_optimizer
+        if self.sharded:
+            # Horovod: reduce-scatter, update this rank's shard, allgather (torch_sharded); accumulation sums the
+            # `accumulate` backward passes locally before the one reduce-scatter.
+            self.optimizer = ShardedOptimizer(hvd, params if isinstance(params[0], dict) else [{"params": params}],
+                                              make_optimizer, compression, cfg.predivide)
+            self.adasum_step = False
+            self._finish_setup(cfg)
+            return
+        opt = make_optimizer(params)
         # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background thread);
         # accumulation sums `accumulate` backward passes locally before one allreduce.
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         groups = self.allreduce_groups(cfg)
         if groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
             self.optimizer = distributed_optimizer(opt, named, compression, cfg.accumulate, cfg.predivide, groups)
@@ -155,6 +168,9 @@ class TorchBackend(Backend):
                 op=hvd.Adasum if cfg.adasum else hvd.Average, gradient_predivide_factor=cfg.predivide)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
+        self._finish_setup(cfg)
+
+    def _finish_setup(self, cfg) -> None:
         if cfg.dynamic_loss_scale(self.precision):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
@@ -269,6 +285,8 @@ class TorchBackend(Backend):
             self.scaler.unscale_(self.optimizer)
             # Whether step() will skip: read only after a non-finite loss (last_step_applied), so no sync here.
             self._found_inf = list(self.scaler._found_inf_per_device(self.optimizer).values())
+            if self.sharded:  # each rank looked at its shard only
+                self.optimizer.agree_found_inf(self._found_inf)
         with contextlib.nullcontext() if self.adasum_step else self.optimizer.skip_synchronize():
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -354,6 +372,13 @@ class TorchBackend(Backend):
         if self.scaler is not None:
             state["scaler"] = _to_numpy(self.scaler.state_dict())
         return state
+
+    def gather_state(self) -> None:
+        if self.sharded:
+            self.optimizer.gather_state()
+
+    def parameters_numpy(self) -> Dict[str, Any]:
+        return _to_numpy(self.model.state_dict())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.assign_model_arrays(state["model"])
