@@ -13,8 +13,10 @@ and nothing else. Run under a launcher:
 Trainer builds them (one process, world size 1), iterated without training; the options after ``--`` go to the
 recipe.
 
-Throughput is timed like the Trainer's epoch: from the first step to the last, every step reading its loss back
-(as a loop that logs does). Rank 0 writes ``{"images_per_sec": global img/s, ...}`` to ``--result``.
+Throughput is timed like the Trainer's epoch, after ``--warmup`` untimed steps (allocation, MXNet's graph caching,
+Horovod's first negotiations): from the first timed step to the last, every step reading its loss back (as a loop
+that logs does). Rank 0 writes ``{"images_per_sec": global img/s, ...}`` to ``--result``; every rank writes its CPU
+seconds per timed step (all of its threads) to ``--result``.rankN.
 """
 from __future__ import annotations
 
@@ -47,8 +49,10 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
     scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
     model.train()
     synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            synchronize()
+            start, cpu = time.perf_counter(), time.process_time()
         opt.zero_grad()
         with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             loss = F.cross_entropy(model(x), y)
@@ -62,6 +66,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
             opt.step()
         loss.item()
     synchronize()
+    args.cpu_seconds = time.process_time() - cpu
     return time.perf_counter() - start
 
 
@@ -81,19 +86,23 @@ def _gluon_model(args):
     return trainer, net, x, y
 
 
-def _gluon_steps(net, opt, x, y, steps: int, normalize: int) -> float:
-    """Seconds for ``steps`` Gluon steps, each reading its loss back; ``opt.step(normalize)``."""
+def _gluon_steps(net, opt, x, y, args, normalize: int) -> float:
+    """Seconds for ``args.steps`` Gluon steps after ``args.warmup`` untimed ones, each reading its loss back;
+    ``opt.step(normalize)``."""
     import mxnet as mx
     loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
     mx.nd.waitall()
-    start = time.perf_counter()
-    for _ in range(steps):
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            mx.nd.waitall()
+            start, cpu = time.perf_counter(), time.process_time()
         with mx.autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
         opt.step(normalize)
         loss.mean().asscalar()
     mx.nd.waitall()
+    args.cpu_seconds = time.process_time() - cpu
     return time.perf_counter() - start
 
 
@@ -150,8 +159,20 @@ def horovod_mxnet(args) -> dict:
     net.hybridize()
     opt = hvd.DistributedTrainer(params, "sgd", {"learning_rate": cfg.base_lr * hvd.size(), "momentum": cfg.momentum,
                                                  "wd": cfg.weight_decay})
-    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": _gluon_steps(net, opt, x, y, args.steps,
-                                                                            args.batch_size)}
+    return {"rank": hvd.rank(), "size": hvd.size(), "seconds": _gluon_steps(net, opt, x, y, args, args.batch_size)}
+
+
+def single_mxnet(args) -> dict:
+    """The Gluon loop in one process, no Horovod and no kvstore: the common single-worker baseline against which
+    every distributed arm's scaling efficiency is taken."""
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    import mxnet as mx
+    trainer, net, x, y = _gluon_model(args)
+    cfg = trainer.cfg
+    net.hybridize()
+    opt = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": cfg.base_lr, "momentum": cfg.momentum,
+                                                         "wd": cfg.weight_decay}, kvstore=None)
+    return {"rank": 0, "size": 1, "seconds": _gluon_steps(net, opt, x, y, args, args.batch_size)}
 
 
 def ps_mxnet(args) -> dict:
@@ -168,7 +189,7 @@ def ps_mxnet(args) -> dict:
     opt = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": cfg.base_lr * kv.num_workers,
                                                          "momentum": cfg.momentum, "wd": cfg.weight_decay}, kvstore=kv)
     return {"rank": kv.rank, "size": kv.num_workers,
-            "seconds": _gluon_steps(net, opt, x, y, args.steps, args.batch_size * kv.num_workers)}
+            "seconds": _gluon_steps(net, opt, x, y, args, args.batch_size * kv.num_workers)}
 
 
 def ddp_torch(args) -> dict:
@@ -209,7 +230,7 @@ def loader(args) -> dict:
 
 
 LOOPS = {"horovod-torch": horovod_torch, "horovod-mxnet": horovod_mxnet, "ddp-torch": ddp_torch, "ps-mxnet": ps_mxnet,
-         "loader": loader}
+         "single-mxnet": single_mxnet, "loader": loader}
 
 
 def main() -> None:
@@ -217,7 +238,8 @@ def main() -> None:
     parser.add_argument("loop", choices=sorted(LOOPS))
     parser.add_argument("--recipe", default="mnist")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=60, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed steps before them")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="PyTorch loops")
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
@@ -225,7 +247,11 @@ def main() -> None:
     cut = argv.index("--") if "--" in argv else len(argv)  # the recipe's own options come after --
     args = parser.parse_args(argv[:cut])
     args.recipe_args = argv[cut + 1:]
+    args.cpu_seconds = None
     out = LOOPS[args.loop](args)
+    if args.cpu_seconds is not None:
+        with open(f"{args.result}.rank{out['rank']}", "w") as f:
+            json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps}, f)
     if out["rank"] == 0:
         images = out.get("images", args.steps * args.batch_size * out["size"])
         out.update(loop=args.loop, recipe=args.recipe, batch_size=out.get("batch_size", args.batch_size),

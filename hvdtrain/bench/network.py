@@ -22,13 +22,15 @@ Every namespace, link and process is removed at the end, however the run ends; t
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
 from .ps import run_ps
@@ -52,23 +54,89 @@ def rate_bits(rate: str) -> float:
     raise ConfigError(f"--rate {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
 
 
-class Cluster:
-    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i."""
+class CpuQuota:
+    """A CPU limit per namespace host (cgroup v1 ``cpu`` or cgroup v2 ``cpu.max``): ``cores`` cores for everything
+    that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
+    machine do not compete for its cores and the links, not the processors, limit a step."""
 
-    def __init__(self, state: str, hosts: int):
-        self.state = state
+    def __init__(self, name: str, hosts: int, cores: float):
+        v1, v2 = "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            self.root, self.v2 = v1, False
+        elif "cpu" in _read(os.path.join(v2, "cgroup.controllers")).split():
+            self.root, self.v2 = v2, True
+            with open(os.path.join(v2, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+        else:
+            raise ConfigError("--cpu-quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 with "
+                              "cpu in cgroup.controllers); pass --cpu-quota 0 to run without one")
+        period = 100000
+        self.dirs = []
+        for i in range(hosts):
+            path = os.path.join(self.root, f"{name}-h{i}")
+            os.makedirs(path, exist_ok=True)
+            self.dirs.append(path)
+            if self.v2:
+                _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
+            else:
+                _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                _write(os.path.join(path, "cpu.cfs_quota_us"), str(int(cores * period)))
+
+    def procs(self, host: int) -> str:
+        return os.path.join(self.dirs[host], "cgroup.procs")
+
+    def add(self, host: int, pid: int) -> None:
+        _write(self.procs(host), str(pid))
+
+    def remove(self) -> None:
+        for path in self.dirs:
+            for _ in range(50):  # the processes the cluster's teardown killed leave the group as they exit
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Cluster:
+    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i (inside its CPU quota, if any)."""
+
+    def __init__(self, state: str, hosts: int, quota: Optional[CpuQuota] = None):
+        self.state, self.quota = state, quota
         env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "env")) if "=" in line)
         self.ns_prefix = env["NETNS_PREFIX"]
         self.addresses = [line.split()[1] for line in open(os.path.join(state, "hosts")) if line.strip()][:hosts]
+        if quota is not None:  # each host's sshd, so that what horovodrun starts over ssh is in the host's quota
+            for i in range(hosts):
+                pids = _run(["ip", "netns", "pids", f"{self.ns_prefix}h{i}"], f"ip netns pids on host{i}").split()
+                for pid in pids:
+                    quota.add(i, int(pid))
 
     def prefix(self, host: int) -> List[str]:
-        return ["ip", "netns", "exec", f"{self.ns_prefix}h{host}"]
+        ns = ["ip", "netns", "exec", f"{self.ns_prefix}h{host}"]
+        if self.quota is None:
+            return ns
+        # Into the host's group before entering its namespace (ip netns exec remounts /sys, without the cgroups).
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', self.quota.procs(host), *ns]
 
     def links(self) -> Iterator[Tuple[List[str], str]]:
         """(command prefix, device) of both ends of every host's link: its own eth0 (what it sends) and its port on
         the bridge (what it receives)."""
         for i in range(len(self.addresses)):
-            yield self.prefix(i), "eth0"
+            yield ["ip", "netns", "exec", f"{self.ns_prefix}h{i}"], "eth0"
             yield [], f"{self.ns_prefix}v{i}"
 
 
@@ -80,52 +148,107 @@ def _run(cmd: Sequence[str], what: str, timeout: float = 600) -> str:
 
 
 @contextlib.contextmanager
-def shaped_cluster(hosts: int, rate: str) -> Iterator[Cluster]:
-    """``hosts`` namespace hosts, every link limited to ``rate`` each way; all of it removed on the way out."""
+def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0) -> Iterator[Cluster]:
+    """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
+    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none); all of it removed on the way
+    out."""
     if os.geteuid() != 0:
         raise ConfigError("bench network needs root (network namespaces and tc)")
     if not os.path.exists(CLUSTER):
         raise ConfigError(f"bench network needs the repository's scripts/netns_cluster.sh (not found at {CLUSTER})")
-    # tbf's bucket must hold at least one timer tick of traffic at the rate (tc's own rule of thumb: rate / HZ).
-    burst = max(32 * 1024, int(rate_bits(rate) / 8 / 100))
+    burst = burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100))
     # A kill (SIGTERM) unwinds like Ctrl-C, so the namespaces and links go with the run.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    quota = None
     with tempfile.TemporaryDirectory(prefix="hvdtrain-net-") as state:
         try:
             _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")
-            cluster = Cluster(state, hosts)
+            if cpu_quota:
+                quota = CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota)
+            cluster = Cluster(state, hosts, quota)
             for prefix, dev in cluster.links():
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
                       "latency", "50ms"], f"tc on {dev}")
-            print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)",
-                  flush=True)
+            print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
+                  + (f", each host to {cpu_quota:g} cores" if cpu_quota else ""), flush=True)
             yield cluster
         finally:
             subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
+            if quota is not None:
+                quota.remove()
             signal.signal(signal.SIGTERM, previous)
 
 
-def _horovod(cluster: Cluster, n: int, steps: int, batch_size: int, recipe_args: Sequence[str],
-             timeout: float) -> float:
+def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
+    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``."""
     binary = os.path.dirname(sys.executable)
-    hosts = ",".join(f"host{i}:1" for i in range(n)) if n > 1 else "localhost:1"
+    hosts = ",".join(f"host{i}:1" for i in range(n))
+    path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
+    return [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n), "-H", hosts,
+            "--gloo", sys.executable, *command]
+
+
+def _rank_cpu(result: str) -> List[float]:
+    """The workers' CPU seconds per timed step, by rank (hvdtrain.bench.loops writes RESULT.rankN)."""
+    rows = []
+    for path in sorted(glob.glob(result + ".rank*")):
+        with open(path) as f:
+            row = json.load(f)
+        rows.append((row["rank"], row["cpu_seconds_per_step"]))
+    return [cpu for _, cpu in sorted(rows)]
+
+
+def _single(cluster: Cluster, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
+            timeout: float) -> Dict:
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
-        path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
-        cmd = [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n),
-               "-H", hosts, "--gloo", sys.executable, "-m", "hvdtrain.bench.loops", "horovod-mxnet", "--recipe",
-               "mnist", "--steps", str(steps), "--batch-size", str(batch_size), "--threads", "1", "--result",
-               result, "--", *recipe_args]
-        return float(run_worker(cmd, result, timeout, f"horovod on {n} host(s)", {"OMP_NUM_THREADS": "1"})
-                     ["images_per_sec"])
+        cmd = [*cluster.prefix(0), sys.executable, "-m", "hvdtrain.bench.loops", "single-mxnet", "--recipe", "mnist",
+               "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size), "--threads", "1",
+               "--result", result, "--", *recipe_args]
+        ips = run_worker(cmd, result, timeout, "the single worker", {"OMP_NUM_THREADS": "1"})["images_per_sec"]
+        return {"images_per_sec": float(ips), "worker_cpu_per_step": _rank_cpu(result)}
 
 
-def _ps(cluster: Cluster, n: int, servers: int, steps: int, batch_size: int, recipe_args: Sequence[str],
-        timeout: float) -> float:
+def _horovod(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
+             timeout: float) -> Dict:
+    """Horovod's own example loop, as stock Horovod runs it (HOROVOD_IDLE_WAIT=0: its background loop polls)."""
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.loops", "horovod-mxnet", "--recipe", "mnist", "--steps",
+                                   str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size), "--threads",
+                                   "1", "--result", result, "--", *recipe_args])
+        ips = run_worker(cmd, result, timeout, f"horovod on {n} host(s)",
+                         {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "0"})["images_per_sec"]
+        return {"images_per_sec": float(ips), "worker_cpu_per_step": _rank_cpu(result)}
+
+
+def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[str], timeout: float,
+              extra: Sequence[str] = ()) -> Dict:
+    """hvdtrain itself (``recipe mnist --synthetic`` on MXNet, its own Horovod settings): 2 epochs of 64 steps, the
+    first the warm-up, the img/s of the second."""
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        cmd = _launch(cluster, n, ["-m", "hvdtrain", "recipe", "mnist", "--framework", "mxnet", "--synthetic",
+                                   "--epochs", "2", "--warmup-epochs", "0", "--batch-size", str(batch_size),
+                                   "--threads", "1", "--precision", "fp32", "--resume", "never", "--output-dir", out,
+                                   *recipe_args, *extra])
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+        metrics = os.path.join(out, "metrics.jsonl")
+        if proc.returncode != 0 or not os.path.exists(metrics):
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            raise RuntimeError(f"bench: hvdtrain on {n} host(s) failed (exit {proc.returncode}): "
+                               + " | ".join(lines[-3:]))
+        with open(metrics) as f:
+            last = json.loads(f.readlines()[-1])
+        return {"images_per_sec": float(last["images_per_sec"])}
+
+
+def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_size: int,
+        recipe_args: Sequence[str], timeout: float) -> Dict:
     def place(role: str, index: int):
         host = 0 if role == "scheduler" else index  # server j on host j, worker i on host i
         return cluster.prefix(host), cluster.addresses[host], "eth0"
-    return run_ps("mnist", n, servers, 1, steps, batch_size, timeout, place, recipe_args)
+    return run_ps("mnist", n, servers, 1, steps, batch_size, timeout, place, recipe_args, warmup=warmup, details=True)
 
 
 def gradient_bytes(hidden: int) -> int:
@@ -135,37 +258,44 @@ def gradient_bytes(hidden: int) -> int:
     return 4 * sum(p.numel() for p in trainer.build_torch().parameters())
 
 
-ARMS = ("horovod", "ps 1 server", "ps server per host")
+ARMS = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
+"""horovod: Horovod's example loop, stock settings; hvdtrain: the recipe under hvdtrain; hvdtrain sharded: with
+--shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync) with one server on host0 or one on every host."""
 
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
-            timeout: float = 600) -> Dict:
+            timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0) -> Dict:
     recipe_args = ["--hidden", str(hidden)]
-    with shaped_cluster(max(hosts), rate) as cluster:
-        variants = {
-            "horovod n=1": lambda: _horovod(cluster, 1, steps, batch_size, recipe_args, timeout),
-            "ps n=1": lambda: _ps(cluster, 1, 1, steps, batch_size, recipe_args, timeout),
-        }
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+        variants = {"single worker": lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)}
         for n in hosts:
-            variants[f"horovod n={n}"] = lambda n=n: _horovod(cluster, n, steps, batch_size, recipe_args, timeout)
-            variants[f"ps 1 server n={n}"] = lambda n=n: _ps(cluster, n, 1, steps, batch_size, recipe_args, timeout)
-            variants[f"ps server per host n={n}"] = lambda n=n: _ps(cluster, n, n, steps, batch_size, recipe_args,
-                                                                    timeout)
+            variants.update({
+                f"horovod n={n}": lambda n=n: _horovod(cluster, n, steps, warmup, batch_size, recipe_args, timeout),
+                f"hvdtrain n={n}": lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout),
+                f"hvdtrain sharded n={n}": lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout,
+                                                                 ["--shard-optimizer"]),
+                f"ps 1 server n={n}": lambda n=n: _ps(cluster, n, 1, steps, warmup, batch_size, recipe_args, timeout),
+                f"ps server per host n={n}": lambda n=n: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args,
+                                                             timeout)})
         res = compare(variants, rounds)
     ips = {k: v["images_per_sec"] for k, v in res.items()}
-    base = {"horovod": ips["horovod n=1"], "ps 1 server": ips["ps n=1"], "ps server per host": ips["ps n=1"]}
-    rows = [{"hosts": 1, **{arm: {"images_per_sec": base[arm], "efficiency": 1.0} for arm in ARMS}}]
+    base = ips["single worker"]  # one baseline for every arm: the Gluon loop alone, no Horovod, no kvstore
+    rows = [{"hosts": 1, **{arm: {"images_per_sec": base, "efficiency": 1.0} for arm in ARMS}}]
     for n in hosts:
         rows.append({"hosts": n, **{arm: {"images_per_sec": ips[f"{arm} n={n}"],
-                                          "efficiency": ips[f"{arm} n={n}"] / (n * base[arm])} for arm in ARMS}})
+                                          "efficiency": ips[f"{arm} n={n}"] / (n * base),
+                                          "spread": [res[f"{arm} n={n}"]["min"], res[f"{arm} n={n}"]["max"]]}
+                                    for arm in ARMS}})
     gradient_mb = gradient_bytes(hidden) / 1e6
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
+            "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
+            "compute_seconds_per_step": batch_size / base,
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
-            "rounds": rounds, "steps": steps, "batch_size": batch_size, "threads_per_rank": 1, "variants": res,
-            "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
+            "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def plot(result: Dict, path: str) -> None:
@@ -178,14 +308,16 @@ def plot(result: Dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.8))
     width = 0.8 / len(ARMS)
     for i, arm in enumerate(ARMS):
-        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[arm]["images_per_sec"] for r in rows], width,
+        ax.bar([x + (i - (len(ARMS) - 1) / 2) * width for x in range(len(rows))], [r[arm]["images_per_sec"] for r in rows], width,
                label=f"{arm} (img/s)", alpha=0.6)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([str(h) for h in hosts])
-    ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}")
+    quota = f", {result['cpu_quota_cores']:g} cores per host" if result.get("cpu_quota_cores") else ""
+    ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}{quota}; efficiency against one "
+                  f"single-worker baseline")
     ax.set_ylabel("images / s (global)")
     eff = ax.twinx()
-    for arm, marker in zip(ARMS, "osd"):
+    for arm, marker in zip(ARMS, "osd^v"):
         eff.plot(range(len(rows)), [100 * r[arm]["efficiency"] for r in rows], marker=marker, label=f"{arm} (%)")
     eff.plot(range(len(rows)), [100] * len(rows), "k:", linewidth=1)
     eff.set_ylim(0, 110)
@@ -207,10 +339,16 @@ def run(args) -> int:
     if not hosts or hosts[0] < 2:
         raise ConfigError(f"--hosts {args.hosts!r}: give host counts of at least 2, e.g. 2,3,4")
     rate_bits(args.rate)
-    result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size)
+    if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0:
+        raise ConfigError("--cpu-quota, --burst and --warmup must be 0 or more")
+    result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
+                     burst=args.burst, cpu_quota=args.cpu_quota)
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
+    busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
+    print("machine busy (fraction of all cores, median per variant): "
+          + ", ".join(f"{k} {v:.2f}" for k, v in busy.items() if v is not None))
     write(args.output_dir, "network", result, lambda path: plot(result, path))
     return 0
 
@@ -221,7 +359,13 @@ def add_parser(sub) -> None:
     p.add_argument("--hosts", default="2,3,4", help="host counts to run, comma-separated (each at least 2)")
     p.add_argument("--rate", default="2gbit", help="every link's limit each way, in tc's syntax")
     p.add_argument("--hidden", type=int, default=512, help="the network's hidden units (its gradient size)")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps per run")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median, min and max reported)")
+    p.add_argument("--steps", type=int, default=60, help="timed steps per run of the bare loops")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--burst", type=int, default=3028,
+                   help="tbf bucket in bytes (default two 1514-byte frames; 0: rate / 100 Hz)")
+    p.add_argument("--cpu-quota", type=float, default=0.4,
+                   help="cores per host (cgroup cpu quota, 0: none): with all hosts within the machine's cores, "
+                        "the links limit a step, not the processors")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--output-dir", default="runs/bench")

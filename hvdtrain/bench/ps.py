@@ -22,10 +22,13 @@ def loopback(role: str, index: int) -> Tuple[List[str], str, str]:
 
 
 def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, batch_size: int,
-           timeout: float, place: Place = loopback, recipe_args: Sequence[str] = ()) -> float:
+           timeout: float, place: Place = loopback, recipe_args: Sequence[str] = (), warmup: int = 0,
+           details: bool = False):
     """Global img/s of the bare Gluon loop on MXNet's parameter server: a scheduler, ``servers`` servers and
     ``workers`` workers, on loopback or where ``place`` puts them, each in its own session so that none outlives the
-    run (a stale scheduler or server on the port breaks the next run). ``recipe_args``: the recipe's own options."""
+    run (a stale scheduler or server on the port breaks the next run). ``recipe_args``: the recipe's own options.
+    ``details``: a dict instead, with the workers' CPU seconds per timed step and the servers' and scheduler's CPU
+    seconds per step (their whole lifetime, start-up and warm-up included, divided by all steps)."""
     import signal
     base = dict(os.environ, DMLC_PS_ROOT_URI=place("scheduler", 0)[1], DMLC_PS_ROOT_PORT=str(free_port()),
                 DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers), OMP_NUM_THREADS=str(threads))
@@ -48,8 +51,8 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
                 prefix, role_env = env("worker", i)
                 workers_.append(subprocess.Popen(
                     [*prefix, sys.executable, "-m", "hvdtrain.bench.loops", "ps-mxnet", "--recipe", recipe, "--steps",
-                     str(steps), "--batch-size", str(batch_size), "--threads", str(threads), "--result", result,
-                     "--", *recipe_args],
+                     str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size), "--threads",
+                     str(threads), "--result", result, "--", *recipe_args],
                     env=role_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
             procs += workers_
             deadline = time.monotonic() + timeout
@@ -64,7 +67,17 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
                 lines = (bad[0].stdout.read() if bad else "").strip().splitlines()
                 raise RuntimeError("bench: parameter server worker failed: " + " | ".join(lines[-3:]))
             with open(result) as f:
-                return float(json.load(f)["images_per_sec"])
+                ips = float(json.load(f)["images_per_sec"])
+            if not details:
+                return ips
+            ticks = os.sysconf("SC_CLK_TCK")
+            services = [_cpu_seconds(p.pid, ticks) / (warmup + steps) for p in procs[:1 + servers]]
+            workers_cpu = []
+            for i in range(workers):
+                with open(f"{result}.rank{i}") as f:
+                    workers_cpu.append(json.load(f)["cpu_seconds_per_step"])
+            return {"images_per_sec": ips, "worker_cpu_per_step": workers_cpu, "scheduler_cpu_per_step": services[0],
+                    "server_cpu_per_step": services[1:]}
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -73,6 +86,16 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
                     except OSError:
                         pass
                 p.wait()
+
+
+def _cpu_seconds(pid: int, ticks: int) -> float:
+    """User + system CPU seconds of a running process and its threads, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
 
 def parameter_server(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, timeout: float = 600) -> Dict:

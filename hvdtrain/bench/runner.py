@@ -8,7 +8,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..config import ConfigError
 
@@ -76,16 +76,45 @@ def run_loop(loop: str, recipe: str, np_: int, threads: int, steps: int, batch_s
         return float(out_json["images_per_sec"])
 
 
-def compare(variants: Dict[str, Callable[[], float]], rounds: int) -> Dict[str, Dict]:
-    """Each variant once per round, in alternating order; median, min, max and samples of its img/s."""
+def _cpu_times() -> List[int]:
+    """The machine's busy and total CPU time (jiffies, all cores) from /proc/stat; [] where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return []
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    return [sum(values) - idle, sum(values)]
+
+
+def compare(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Dict]:
+    """Each variant once per round, in alternating order; median, min, max and samples of its img/s, and the median
+    fraction of the machine's cores that were busy while it ran. A variant returns its img/s, or a dict with
+    ``images_per_sec`` and more figures (kept per round under ``rounds``)."""
     names = list(variants)
     samples: Dict[str, List[float]] = {n: [] for n in names}
+    busy: Dict[str, List[float]] = {n: [] for n in names}
+    extra: Dict[str, List[Dict]] = {n: [] for n in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            samples[name].append(variants[name]())
+            before = _cpu_times()
+            value = variants[name]()
+            after = _cpu_times()
+            if before and after and after[1] > before[1]:
+                busy[name].append((after[0] - before[0]) / (after[1] - before[1]))
+            if isinstance(value, dict):
+                extra[name].append(value)
+                value = value["images_per_sec"]
+            samples[name].append(float(value))
             print(f"bench: round {r + 1}/{rounds} {name}: {samples[name][-1]:.1f} img/s", flush=True)
-    return {n: {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s}
-            for n, s in samples.items()}
+    out = {}
+    for n, s in samples.items():
+        out[n] = {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s}
+        if busy[n]:
+            out[n]["machine_busy"] = statistics.median(busy[n])
+        if extra[n]:
+            out[n]["rounds"] = extra[n]
+    return out
 
 
 def run_worker(cmd: List[str], result: str, timeout: float, what: str, env: Dict[str, str]) -> Dict:

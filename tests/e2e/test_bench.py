@@ -1,4 +1,5 @@
 """Smoke test of the benchmark command at its smallest size: the JSON schema and the chart. No speed is asserted."""
+import glob
 import json
 import os
 import subprocess
@@ -134,26 +135,38 @@ def _netns_and_links() -> tuple:
 
 
 def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp_path):
-    """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links, the Horovod ring and
-    both parameter-server layouts, each against its 1-host baseline; every namespace and link removed afterwards."""
+    """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links and a CPU quota each,
+    Horovod's loop, hvdtrain (plain and --shard-optimizer) and both parameter-server layouts, against one
+    single-worker baseline, with each process's CPU per step; every namespace, link and cgroup removed afterwards."""
     why = why_no_netns()
     if why:
         pytest.skip(why)
     before = _netns_and_links()
     out = tmp_path / "bench"
     result = run(hvdtrain("bench", "network", "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
-                          "--steps", "3", "--output-dir", str(out)), timeout=400)
+                          "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--output-dir", str(out)),
+                 timeout=400)
     assert result.returncode == 0, describe(result)
-    assert "every link limited to 200mbit each way" in result.stdout, describe(result)
+    assert "every link limited to 200mbit each way (tc tbf, burst 3028 bytes), each host to 0.9 cores" \
+        in result.stdout, describe(result)
     data = json.loads((out / "network.json").read_text())
-    assert data["benchmark"] == "network" and data["rate_bits_per_sec"] == 200e6
+    assert data["benchmark"] == "network" and data["rate_bits_per_sec"] == 200e6 and data["cpu_quota_cores"] == 0.9
     assert [r["hosts"] for r in data["rows"]] == [1, 2]
+    arms = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
     for row in data["rows"]:
-        for arm in ("horovod", "ps 1 server", "ps server per host"):
+        for arm in arms:
             assert row[arm]["images_per_sec"] > 0 and row[arm]["efficiency"] > 0, row
-    assert all(data["rows"][0][arm]["efficiency"] == 1.0 for arm in ("horovod", "ps 1 server"))
+    assert all(data["rows"][0][arm]["efficiency"] == 1.0 for arm in arms)  # one common baseline
+    variants = data["variants"]
+    assert all(0 < v["machine_busy"] <= 1 for v in variants.values()), variants
+    assert len(variants["horovod n=2"]["rounds"][0]["worker_cpu_per_step"]) == 2
+    ps = variants["ps server per host n=2"]["rounds"][0]
+    assert len(ps["worker_cpu_per_step"]) == 2 and len(ps["server_cpu_per_step"]) == 2
+    assert all(c > 0 for c in ps["worker_cpu_per_step"] + ps["server_cpu_per_step"]), ps
     assert _png(out / "network.png")
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    assert not glob.glob("/sys/fs/cgroup/cpu/hvdtrain-net-*") + glob.glob("/sys/fs/cgroup/hvdtrain-net-*"), \
+        "the benchmark left cgroups behind"
 
 
 def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
