@@ -3,21 +3,27 @@
 The MXNet article's comparison (a single parameter server scaled to 38% where Horovod's ring held) is about network
 bandwidth, which loopback does not have. This benchmark builds the hosts of ``scripts/netns_cluster.sh`` (one network
 namespace per host, joined by a bridge; root only), limits every host's link in both directions with a ``tc tbf``
-rate limit, and trains the same Gluon network with the same fixed batch, one rank per host, in three ways:
+rate limit (``--burst``: a bucket of two frames by default, so that no burst passes at full speed), limits every
+host to ``--cpu-quota`` cores (a cgroup per host: its workers, its server and what its sshd starts), and trains the
+same Gluon network with the same fixed batch, one rank per host, in five arms:
 
-- ``horovod``: the bare Horovod loop under ``horovodrun --gloo`` over ssh (ring allreduce: each host sends and
-  receives 2(n-1)/n of the gradients per step, whatever n is);
+- ``horovod``: Horovod's own example loop under ``horovodrun --gloo`` over ssh, with stock Horovod's settings
+  (``HOROVOD_IDLE_WAIT=0``); the ring sends and receives 2(n-1)/n of the gradients per host per step;
+- ``hvdtrain`` and ``hvdtrain sharded``: ``hvdtrain recipe mnist --synthetic`` itself on MXNet, as a user runs it,
+  without and with ``--shard-optimizer`` (the same bytes on the wire, 1/n of the update on each rank);
 - ``ps 1 server``: ``kvstore='dist_sync'`` with the scheduler and a single server on host0 (host0's link carries
   every other worker's gradients in and their weights out: (n-1) times the gradients each way);
 - ``ps server per host``: one server on every host (MXNet splits each large array across the servers, so each link
   carries about what the ring's does).
 
-At 1 host there is no network: each arm runs its own single-worker baseline on host0, and scaling efficiency at n
-hosts is img/s(n) / (n x img/s(1)) of that arm, as the article reports it. The network is the MNIST recipe's with a
-wide hidden layer (``--hidden``, 512 by default: 1.6 M of its 1.63 M parameters, 6.5 MB of gradients per step) and
-2 Gbit/s links, so that moving the gradients weighs about as much as computing them, as it does for ResNet-50 on
-V100s over 25 Gbit/s Ethernet (docs/benchmarks.md works the figures out).
-Every namespace, link and process is removed at the end, however the run ends; traffic stays between the namespaces.
+Fairness: one baseline for every arm's scaling efficiency (the Gluon loop alone on host0, no Horovod and no kvstore:
+img/s(n) / (n x img/s(1))); warm-up steps before the timed ones (the hvdtrain arms: a first epoch of 64 steps);
+``--rounds`` interleaved rounds with the median, minimum and maximum; every worker's CPU seconds per timed step, the
+servers' and scheduler's per step, and the fraction of the machine's cores that were busy during each variant, so a
+run shows whether the cores or the links limited it. The network is the MNIST recipe's with a wide hidden layer
+(``--hidden``, 512 by default: 1.6 M of its 1.63 M parameters, 6.5 MB of gradients per step).
+Every namespace, link, cgroup and process is removed at the end, however the run ends; traffic stays between the
+namespaces.
 """
 from __future__ import annotations
 
