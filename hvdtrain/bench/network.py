@@ -363,7 +363,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("network", help="Horovod's ring against MXNet's parameter server over rate-limited links "
                                        "between namespace hosts (root)")
     p.add_argument("--hosts", default="2,3,4", help="host counts to run, comma-separated (each at least 2)")
-    p.add_argument("--rate", default="2gbit", help="every link's limit each way, in tc's syntax")
+    p.add_argument("--rate", default="500mbit", help="every link's limit each way, in tc's syntax")
     p.add_argument("--hidden", type=int, default=512, help="the network's hidden units (its gradient size)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median, min and max reported)")
     p.add_argument("--steps", type=int, default=60, help="timed steps per run of the bare loops")
