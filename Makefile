@@ -138,8 +138,9 @@ bench: install $(BENCH_PHOTOS)/train.rec
 	$(PY) -m hvdtrain bench input --recipe imagenet --framework mxnet --output-dir runs/bench/input-mxnet -- \
 		$(BENCH_INPUT) --data-format recordio
 
-# Horovod's ring against MXNet's parameter server over rate-limited links between 2, 3 and 4 namespace hosts (root;
-# about 3 minutes on 2 cores): runs/bench/network/network.json and network.png.
+# Horovod's loop, hvdtrain (plain and --shard-optimizer) and MXNet's parameter server (1 server, a server per host)
+# over rate-limited links between 2, 3 and 4 namespace hosts with a CPU quota each (root): runs/bench/network/
+# network.json and network.png; docs/benchmarks.md section 4b.
 bench-network: install
 	$(PY) -m hvdtrain bench network --output-dir runs/bench/network
 
