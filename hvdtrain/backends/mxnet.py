@@ -30,7 +30,7 @@ from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
 from ..vision import RecordIODataset
 from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
-from .mxnet_sharded import MXNetShardedUpdate
+from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state
 
 
 def _launcher_local_size() -> int:
@@ -93,15 +93,6 @@ def resolve_shapes(mx, model, sample_shape, ctx) -> None:
         return
     with mx.autograd.train_mode():
         model(x).wait_to_read()
-
-
-def _flatten_state(state) -> List[Any]:
-    """An optimizer state (None, an NDArray, or nested tuples of them) as a list of NDArrays, in order."""
-    if state is None:
-        return []
-    if isinstance(state, (list, tuple)):
-        return [a for s in state for a in _flatten_state(s)]
-    return [state]
 
 
 class MXNetBackend(Backend):

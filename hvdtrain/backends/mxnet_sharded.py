@@ -21,11 +21,12 @@ import numpy as np
 from ..shard import ShardLayout
 
 
-def _flatten(state) -> List[Any]:
+def flatten_state(state) -> List[Any]:
+    """An optimizer state (None, an NDArray, or nested tuples of them) as a list of NDArrays, in order."""
     if state is None:
         return []
     if isinstance(state, (list, tuple)):
-        return [a for s in state for a in _flatten(s)]
+        return [a for s in state for a in flatten_state(s)]
     return [state]
 
 
@@ -61,7 +62,7 @@ class MXNetShardedUpdate:
                 weights = nd.zeros((b - a,), ctx=ctx, dtype=self.dtype)
                 self.groups.append((index, a, b, weights, optimizer.create_state_multi_precision(index, weights)))
         probe = optimizer.create_state_multi_precision(first_index, nd.zeros((1,), ctx=ctx, dtype=self.dtype))
-        self.n_state = len(_flatten(probe))  # arrays per parameter in the optimizer state
+        self.n_state = len(flatten_state(probe))  # arrays per parameter in the optimizer state
         self.grads: List[Any] = []
         self._whole: Dict[str, List[np.ndarray]] = {}  # the whole state by name, valid while self._is_whole
         self._is_whole = True
@@ -122,7 +123,7 @@ class MXNetShardedUpdate:
         for j in range(self.n_state):
             shard = nd.zeros((layout.shard,), ctx=self.ctx, dtype="float32")
             for _, a, b, _, state in self.groups:
-                shard[a:b] = _flatten(state)[j].astype("float32")
+                shard[a:b] = flatten_state(state)[j].astype("float32")
             # Horovod: the state shards to every rank (a checkpoint holds the whole state).
             full = self.hvd.allgather(shard, name=self.name(f"shard.state.{j}")).asnumpy()
             for name, shape, (i, a, b) in zip(self.names, self.shapes, layout.param_slices()):
@@ -155,7 +156,7 @@ class MXNetShardedUpdate:
                     flat = np.asarray(arrays[self.names[s.param]][j]).reshape(-1)
                     shard[s.at:s.at + s.stop - s.start] = flat[s.start:s.stop]
                 for _, a, b, _, state in self.groups:
-                    target = _flatten(state)[j]
+                    target = flatten_state(state)[j]
                     target[:] = nd.array(shard[a:b], ctx=self.ctx, dtype=target.dtype)
         self._whole = {n: [np.array(a, copy=True) for a in v] for n, v in arrays.items()}
         self._is_whole = True
