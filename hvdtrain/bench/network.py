@@ -60,6 +60,11 @@ def rate_bits(rate: str) -> float:
     raise ConfigError(f"--rate {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
 
 
+QUOTA_PERIOD_US = 10000
+"""The CPU quota's accounting period: 10 ms, not the kernel's 100 ms, so that a host that spent its share waits at most
+6 ms rather than 60, which would quantise steps of 100-300 ms into whole throttled periods."""
+
+
 class CpuQuota:
     """A CPU limit per namespace host (cgroup v1 ``cpu`` or cgroup v2 ``cpu.max``): ``cores`` cores for everything
     that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
@@ -76,7 +81,7 @@ class CpuQuota:
         else:
             raise ConfigError("--cpu-quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 with "
                               "cpu in cgroup.controllers); pass --cpu-quota 0 to run without one")
-        period = 100000
+        period = QUOTA_PERIOD_US
         self.dirs = []
         for i in range(hosts):
             path = os.path.join(self.root, f"{name}-h{i}")
@@ -296,6 +301,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
+            "cpu_quota_period_us": QUOTA_PERIOD_US if cpu_quota else None,
             "compute_seconds_per_step": batch_size / base,
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
