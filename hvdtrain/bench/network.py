@@ -325,8 +325,8 @@ def plot(result: Dict, path: str) -> None:
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([str(h) for h in hosts])
     quota = f", {result['cpu_quota_cores']:g} cores per host" if result.get("cpu_quota_cores") else ""
-    ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}{quota}; efficiency against one "
-                  f"single-worker baseline")
+    ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}{quota}\n"
+                  f"efficiency against one single-worker baseline", fontsize=9)
     ax.set_ylabel("images / s (global)")
     eff = ax.twinx()
     for arm, marker in zip(ARMS, "osd^v"):
@@ -338,7 +338,7 @@ def plot(result: Dict, path: str) -> None:
                  fontsize=9)
     lines = ax.get_legend_handles_labels()
     more = eff.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24),
               ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
