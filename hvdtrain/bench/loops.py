@@ -52,7 +52,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             synchronize()
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, args.window = time.perf_counter(), time.process_time(), [time.time()]
         opt.zero_grad()
         with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             loss = F.cross_entropy(model(x), y)
@@ -67,6 +67,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
         loss.item()
     synchronize()
     args.cpu_seconds = time.process_time() - cpu
+    args.window.append(time.time())
     return time.perf_counter() - start
 
 
@@ -95,7 +96,7 @@ def _gluon_steps(net, opt, x, y, args, normalize: int) -> float:
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             mx.nd.waitall()
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, args.window = time.perf_counter(), time.process_time(), [time.time()]
         with mx.autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
@@ -103,6 +104,7 @@ def _gluon_steps(net, opt, x, y, args, normalize: int) -> float:
         loss.mean().asscalar()
     mx.nd.waitall()
     args.cpu_seconds = time.process_time() - cpu
+    args.window.append(time.time())
     return time.perf_counter() - start
 
 
@@ -251,7 +253,8 @@ def main() -> None:
     out = LOOPS[args.loop](args)
     if args.cpu_seconds is not None:
         with open(f"{args.result}.rank{out['rank']}", "w") as f:
-            json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps}, f)
+            json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps,
+                       "timed_window": args.window}, f)
     if out["rank"] == 0:
         images = out.get("images", args.steps * args.batch_size * out["size"])
         out.update(loop=args.loop, recipe=args.recipe, batch_size=out.get("batch_size", args.batch_size),

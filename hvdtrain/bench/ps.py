@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -28,7 +29,7 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
     ``workers`` workers, on loopback or where ``place`` puts them, each in its own session so that none outlives the
     run (a stale scheduler or server on the port breaks the next run). ``recipe_args``: the recipe's own options.
     ``details``: a dict instead, with the workers' CPU seconds per timed step and the servers' and scheduler's CPU
-    seconds per step (their whole lifetime, start-up and warm-up included, divided by all steps)."""
+    seconds per timed step (sampled every 50 ms while the workers run, read at rank 0's timed window)."""
     import signal
     base = dict(os.environ, DMLC_PS_ROOT_URI=place("scheduler", 0)[1], DMLC_PS_ROOT_PORT=str(free_port()),
                 DMLC_NUM_SERVER=str(servers), DMLC_NUM_WORKER=str(workers), OMP_NUM_THREADS=str(threads))
@@ -40,6 +41,7 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         procs = []
+        stop = threading.Event()  # ends the sampler of the scheduler's and servers' CPU (details)
         try:
             for role, index in [("scheduler", 0)] + [("server", j) for j in range(servers)]:
                 prefix, role_env = env(role, index)  # MXNet starts the role when imported
@@ -55,6 +57,17 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
                      str(threads), "--result", result, "--", *recipe_args],
                     env=role_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
             procs += workers_
+            services = procs[:1 + servers]
+            samples: List[Tuple[float, List[float]]] = []
+            ticks = os.sysconf("SC_CLK_TCK")
+
+            def sample():  # the scheduler's and servers' CPU seconds over time, to read at the workers' timed window
+                while not stop.is_set():
+                    samples.append((time.time(), [_cpu_seconds(p.pid, ticks) for p in services]))
+                    stop.wait(0.05)
+            sampler = threading.Thread(target=sample, daemon=True)
+            if details:
+                sampler.start()
             deadline = time.monotonic() + timeout
             for w in workers_:
                 try:
@@ -70,15 +83,24 @@ def run_ps(recipe: str, workers: int, servers: int, threads: int, steps: int, ba
                 ips = float(json.load(f)["images_per_sec"])
             if not details:
                 return ips
-            ticks = os.sysconf("SC_CLK_TCK")
-            services = [_cpu_seconds(p.pid, ticks) / (warmup + steps) for p in procs[:1 + servers]]
-            workers_cpu = []
+            stop.set()
+            sampler.join()
+            workers_cpu, window = [], None
             for i in range(workers):
                 with open(f"{result}.rank{i}") as f:
-                    workers_cpu.append(json.load(f)["cpu_seconds_per_step"])
-            return {"images_per_sec": ips, "worker_cpu_per_step": workers_cpu, "scheduler_cpu_per_step": services[0],
-                    "server_cpu_per_step": services[1:]}
+                    row = json.load(f)
+                workers_cpu.append(row["cpu_seconds_per_step"])
+                window = window or row["timed_window"]
+
+            def at(t: float) -> List[float]:  # the last sample at or before t
+                earlier = [cpu for when, cpu in samples if when <= t]
+                return earlier[-1] if earlier else samples[0][1]
+            begin, end = at(window[0]), at(window[1])
+            services_cpu = [(b - a) / steps for a, b in zip(begin, end)]
+            return {"images_per_sec": ips, "worker_cpu_per_step": workers_cpu,
+                    "scheduler_cpu_per_step": services_cpu[0], "server_cpu_per_step": services_cpu[1:]}
         finally:
+            stop.set()
             for p in procs:
                 if p.poll() is None:
                     try:
