@@ -147,30 +147,25 @@ class TorchBackend(Backend):
 
         compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         self.sharded = cfg.shard_optimizer
+        groups = 0 if self.sharded else self.allreduce_groups(cfg)
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if self.sharded:
             # Horovod: reduce-scatter, update this rank's shard, allgather (torch_sharded); accumulation sums the
             # `accumulate` backward passes locally before the one reduce-scatter.
             self.optimizer = ShardedOptimizer(hvd, params if isinstance(params[0], dict) else [{"params": params}],
                                               make_optimizer, compression, cfg.predivide)
-            self.adasum_step = False
-            self._finish_setup(cfg)
-            return
-        opt = make_optimizer(params)
-        # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background thread);
-        # accumulation sums `accumulate` backward passes locally before one allreduce.
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        groups = self.allreduce_groups(cfg)
-        if groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
-            self.optimizer = distributed_optimizer(opt, named, compression, cfg.accumulate, cfg.predivide, groups)
+        elif groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
+            self.optimizer = distributed_optimizer(make_optimizer(params), named, compression, cfg.accumulate,
+                                                   cfg.predivide, groups)
         else:
+            # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background
+            # thread); accumulation sums `accumulate` backward passes locally before one allreduce.
             self.optimizer = hvd.DistributedOptimizer(
-                opt, named_parameters=named, compression=compression, backward_passes_per_step=cfg.accumulate,
-                op=hvd.Adasum if cfg.adasum else hvd.Average, gradient_predivide_factor=cfg.predivide)
+                make_optimizer(params), named_parameters=named, compression=compression,
+                backward_passes_per_step=cfg.accumulate, op=hvd.Adasum if cfg.adasum else hvd.Average,
+                gradient_predivide_factor=cfg.predivide)
         # Horovod: with Adasum on several ranks, step() allreduces the parameter deltas itself (no synchronize()).
         self.adasum_step = cfg.adasum and self.size > 1
-        self._finish_setup(cfg)
-
-    def _finish_setup(self, cfg) -> None:
         if cfg.dynamic_loss_scale(self.precision):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
