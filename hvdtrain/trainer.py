@@ -224,6 +224,7 @@ class Trainer:
             cb.on_epoch_start(self, epoch, steps)
         sums: Dict[str, Any] = {}
         done, start, bad, lr, resumable = 0, time.perf_counter(), 0, backend.get_lr(), True
+        cpu_start = time.process_time()  # every thread of this process: loader, framework, Horovod's background loop
         self.phases.reset()
         for i in range(steps):
             position = offset + i * global_batch  # samples of this epoch consumed before this step
@@ -258,6 +259,7 @@ class Trainer:
             if self._reached_max_steps():
                 break
         train_seconds = time.perf_counter() - start
+        cpu_seconds = time.process_time() - cpu_start
         self.reporter.progress(self.global_step, "metrics")
         means = {k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0}
         # Horovod: the training metrics averaged over ranks, and with them whether any rank saw a non-finite loss
@@ -267,7 +269,7 @@ class Trainer:
         self.reporter.progress(self.global_step, "eval")
         backend.average_statistics()  # the model scored here is the one the checkpoint holds, on every rank
         val = self.evaluate()
-        timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start)
+        timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start, cpu_seconds)
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
                   "images_per_sec": done * global_batch / slowest["train_seconds"],
                   "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
@@ -321,15 +323,18 @@ class Trainer:
             self.val_sampler.rank, self.val_sampler.size = b.rank, b.size
         self.reporter.rank = b.rank
 
-    def _timing(self, train_seconds: float, steps: int, epoch_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
-        """This epoch's per-phase step times: every rank's means, its training time and its time for the whole
-        epoch gathered in one collective; the phases averaged, with the slowest rank of each (see
-        :mod:`hvdtrain.phases`), and the slowest rank's training and epoch time, which is the job's."""
+    def _timing(self, train_seconds: float, steps: int, epoch_seconds: float,
+                cpu_seconds: float = 0.0) -> Tuple[Dict[str, Any], Dict[str, float]]:
+        """This epoch's per-phase step times: every rank's means, its training time, its time for the whole epoch
+        and its process's CPU time while training gathered in one collective; the phases averaged, with the slowest
+        rank of each (see :mod:`hvdtrain.phases`), every rank's CPU seconds per step, and the slowest rank's training
+        and epoch time, which is the job's."""
         local = self.phases.local_means()
-        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds])
+        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds, cpu_seconds])
         clock = "synchronized" if self.cfg.profile_steps else "launch" if self.backend.asynchronous else "host"
         n = len(PHASES)
         timing = summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[n] / max(steps, 1) for row in rows])
+        timing["cpu_seconds_per_step"] = [round(row[n + 2] / max(steps, 1), 6) for row in rows]  # by rank
         return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}
 
     def _timeline_window(self, after_step: bool, end: bool = False) -> None:

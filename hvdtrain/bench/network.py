@@ -251,7 +251,7 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
                                + " | ".join(lines[-3:]))
         with open(metrics) as f:
             last = json.loads(f.readlines()[-1])
-        return {"images_per_sec": float(last["images_per_sec"])}
+        return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"]}
 
 
 def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_size: int,

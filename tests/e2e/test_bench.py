@@ -159,7 +159,9 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
     assert all(data["rows"][0][arm]["efficiency"] == 1.0 for arm in arms)  # one common baseline
     variants = data["variants"]
     assert all(0 < v["machine_busy"] <= 1 for v in variants.values()), variants
-    assert len(variants["horovod n=2"]["rounds"][0]["worker_cpu_per_step"]) == 2
+    for arm in ("horovod", "hvdtrain", "hvdtrain sharded"):  # every worker's CPU per step, by rank
+        cpu = variants[f"{arm} n=2"]["rounds"][0]["worker_cpu_per_step"]
+        assert len(cpu) == 2 and all(c > 0 for c in cpu), (arm, cpu)
     ps = variants["ps server per host n=2"]["rounds"][0]
     assert len(ps["worker_cpu_per_step"]) == 2 and len(ps["server_cpu_per_step"]) == 2
     assert all(c > 0 for c in ps["worker_cpu_per_step"]) and all(c >= 0 for c in ps["server_cpu_per_step"]), ps

@@ -33,6 +33,8 @@ def test_mnist_reaches_97_percent_on_2_workers(framework, launcher, digits, tmp_
     assert last["val_accuracy"] >= 0.97, f"{framework}/{launcher}: {last}"
     for key in ("train_loss", "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"):
         assert isinstance(last[key], float), key
+    cpu = last["cpu_seconds_per_step"]  # each rank's process CPU time per training step, by rank
+    assert len(cpu) == 2 and all(0 < c <= os.cpu_count() * last["epoch_seconds"] / 22 for c in cpu), cpu
     with open(os.path.join(out, "config.json")) as f:
         resolved = json.load(f)
     assert resolved["world_size"] == 2 and resolved["framework"] == framework and resolved["recipe"] == "mnist"

@@ -19,7 +19,8 @@ class TwoRanks:
 def test_timing_takes_the_slowest_rank(tmp_path):
     t = TinyTrainer(TinyConfig(output_dir=str(tmp_path)))
     t.backend, t.phases = TwoRanks(slower=3.0), PhaseTimer()
-    timing, slowest = t._timing(train_seconds=2.0, steps=4, epoch_seconds=2.5)
+    timing, slowest = t._timing(train_seconds=2.0, steps=4, epoch_seconds=2.5, cpu_seconds=1.0)
     assert slowest == {"train_seconds": 6.0, "epoch_seconds": 7.5}
     assert timing["step_seconds"] == pytest.approx((0.5 + 1.5) / 2)  # the mean of each rank's own time per step
     assert set(timing["phase_seconds"]) == set(PHASES)
+    assert timing["cpu_seconds_per_step"] == [0.25, 0.75]  # every rank's own, by rank
