@@ -5,12 +5,15 @@
     torchrun --nproc_per_node 2 -m hvdtrain.bench.allreduce_worker torch sizes --result r.json
     horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod resnet50 --result r.json
     python -m hvdtrain.bench.allreduce_worker memcpy sizes --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod shard --elements 1630000 --result r.json
 
 ``sizes``: one float32 tensor of each size, allreduced (sum) back to back; seconds per operation, algorithm bandwidth
 (bytes / time) and bus bandwidth (algorithm bandwidth x 2 (n - 1) / n, the data each rank sends and receives in a ring,
 as nccl-tests report it). ``resnet50``: the 161 gradient tensors of ResNet-50 (torchvision shapes) allreduced
 asynchronously together, as DistributedOptimizer does after a backward pass; seconds per round under the
-HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``memcpy``: one process copying the same
+HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``shard``: the collectives of a step with and
+without ``--shard-optimizer`` on a flat vector of ``--elements`` float32 values: its allreduce, its reduce-scatter
+and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation). ``memcpy``: one process copying the same
 sizes, the ceiling of what a reduction through memory can reach on this machine.
 """
 from __future__ import annotations
@@ -72,6 +75,8 @@ def horovod(args) -> dict:
                            args.sizes, lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
         return {"rank": hvd.rank(), "size": hvd.size(), "rows": rows,
                 "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
+    if args.what == "shard":
+        return {"rank": hvd.rank(), "size": hvd.size(), "elements": args.elements, **_shard_collectives(hvd, args)}
     tensors = [torch.ones(s) for s in resnet50_shapes()]
     rounds = args.rounds
 
@@ -89,6 +94,27 @@ def horovod(args) -> dict:
     return {"rank": hvd.rank(), "size": hvd.size(), "tensors": len(tensors), "seconds": seconds,
             "bytes": sum(t.numel() for t in tensors) * 4, "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD"),
             "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME")}
+
+
+def _shard_collectives(hvd, args) -> dict:
+    """Seconds per allreduce of the whole vector, per reduce-scatter of it and per allgather of a 1/n shard."""
+    import torch
+    n = hvd.size()
+    whole = torch.ones(args.elements // n * n)
+    shard = torch.ones(args.elements // n)
+    ops = {"allreduce": lambda: hvd.allreduce(whole, op=hvd.Sum, name="bench.ar"),
+           "reducescatter": lambda: hvd.reducescatter(whole, op=hvd.Sum, name="bench.rs"),
+           "allgather": lambda: hvd.allgather(shard, name="bench.ag")}
+    out = {}
+    for name, op in ops.items():
+        for _ in range(2):  # warm-up: connections, buffers
+            op()
+        hvd.allreduce(torch.zeros(1), name="barrier")
+        start = time.perf_counter()
+        for _ in range(args.rounds):
+            op()
+        out[name] = (time.perf_counter() - start) / args.rounds
+    return out
 
 
 def torch_distributed(args) -> dict:
@@ -121,7 +147,8 @@ def memcpy(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench.allreduce_worker")
     parser.add_argument("library", choices=["horovod", "torch", "memcpy"])
-    parser.add_argument("what", choices=["sizes", "resnet50"])
+    parser.add_argument("what", choices=["sizes", "resnet50", "shard"])
+    parser.add_argument("--elements", type=int, default=1 << 20, help="shard: values in the flat vector")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--result", required=True)

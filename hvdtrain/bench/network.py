@@ -20,7 +20,9 @@ Fairness: one baseline for every arm's scaling efficiency (the Gluon loop alone 
 img/s(n) / (n x img/s(1))); warm-up steps before the timed ones (the hvdtrain arms: a first epoch of 64 steps);
 ``--rounds`` interleaved rounds with the median, minimum and maximum; every worker's CPU seconds per timed step, the
 servers' and scheduler's per step, and the fraction of the machine's cores that were busy during each variant, so a
-run shows whether the cores or the links limited it. The network is the MNIST recipe's with a wide hidden layer
+run shows whether the cores or the links limited it. After the rounds, the collectives of a step are timed alone on
+the same links at each host count (the plain step's allreduce; --shard-optimizer's reduce-scatter and allgather),
+against the time their bytes take at the rate. The network is the MNIST recipe's with a wide hidden layer
 (``--hidden``, 512 by default: 1.6 M of its 1.63 M parameters, 6.5 MB of gradients per step).
 Every namespace, link, cgroup and process is removed at the end, however the run ends; traffic stays between the
 namespaces.
@@ -254,6 +256,18 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
         return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"]}
 
 
+def _collectives(cluster: Cluster, n: int, elements: int, timeout: float) -> Dict[str, float]:
+    """Seconds per operation of the collectives a step sends, each timed on its own on the same links: the plain
+    step's allreduce of the gradients, and --shard-optimizer's reduce-scatter of them and allgather of one shard."""
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.allreduce_worker", "horovod", "shard", "--elements",
+                                   str(elements), "--rounds", "10", "--result", result])
+        row = run_worker(cmd, result, timeout, f"the collectives on {n} host(s)",
+                         {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1"})
+        return {op: row[op] for op in ("allreduce", "reducescatter", "allgather")}
+
+
 def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_size: int,
         recipe_args: Sequence[str], timeout: float) -> Dict:
     def place(role: str, index: int):
@@ -289,6 +303,8 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 f"ps server per host n={n}": lambda n=n: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args,
                                                              timeout)})
         res = compare(variants, rounds)
+        elements = gradient_bytes(hidden) // 4
+        collectives = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
     ips = {k: v["images_per_sec"] for k, v in res.items()}
     base = ips["single worker"]  # one baseline for every arm: the Gluon loop alone, no Horovod, no kvstore
     rows = [{"hosts": 1, **{arm: {"images_per_sec": base, "efficiency": 1.0} for arm in ARMS}}]
@@ -297,7 +313,8 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                                           "efficiency": ips[f"{arm} n={n}"] / (n * base),
                                           "spread": [res[f"{arm} n={n}"]["min"], res[f"{arm} n={n}"]["max"]]}
                                     for arm in ARMS}})
-    gradient_mb = gradient_bytes(hidden) / 1e6
+    gradient_mb = elements * 4 / 1e6
+    link_seconds = {n: (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}  # (n-1)/n of it, one way
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
@@ -306,6 +323,11 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
+            # The step's collectives alone on the links, against the time their bytes take at the rate: the ring
+            # allreduce sends 2(n-1)/n of the gradients, the reduce-scatter and the allgather (n-1)/n each.
+            "collectives_seconds": collectives,
+            "collectives_ideal_seconds": {n: {"allreduce": 2 * link_seconds[n], "reducescatter": link_seconds[n],
+                                              "allgather": link_seconds[n]} for n in hosts},
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -358,6 +380,11 @@ def run(args) -> int:
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
+    for n, ops in result["collectives_seconds"].items():
+        ideal = result["collectives_ideal_seconds"][n]
+        print(f"{n} host(s), the step's collectives alone: " + ", ".join(
+            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link)" for op, t in ops.items())
+            + f"; reduce-scatter + allgather / allreduce {(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}")
     busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
     print("machine busy (fraction of all cores, median per variant): "
           + ", ".join(f"{k} {v:.2f}" for k, v in busy.items() if v is not None))

@@ -165,6 +165,11 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
     ps = variants["ps server per host n=2"]["rounds"][0]
     assert len(ps["worker_cpu_per_step"]) == 2 and len(ps["server_cpu_per_step"]) == 2
     assert all(c > 0 for c in ps["worker_cpu_per_step"]) and all(c >= 0 for c in ps["server_cpu_per_step"]), ps
+    ops = data["collectives_seconds"]["2"]  # the step's collectives alone on the same links
+    assert set(ops) == {"allreduce", "reducescatter", "allgather"} and all(t > 0 for t in ops.values()), ops
+    # on 2 hosts the ring sends and receives the whole gradient vector once, each half of it once at 200 Mbit/s
+    assert data["collectives_ideal_seconds"]["2"]["allreduce"] == pytest.approx(data["gradient_mb"] * 8e6 / 200e6)
+    assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
     assert _png(out / "network.png")
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
     assert not glob.glob("/sys/fs/cgroup/cpu/hvdtrain-net-*") + glob.glob("/sys/fs/cgroup/hvdtrain-net-*"), \
