@@ -5,7 +5,8 @@
     torchrun --nproc_per_node 2 -m hvdtrain.bench.allreduce_worker torch sizes --result r.json
     horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod resnet50 --result r.json
     python -m hvdtrain.bench.allreduce_worker memcpy sizes --result r.json
-    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod shard --elements 1630000 --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod shard --elements 1630000 --framework mxnet \
+        --result r.json
 
 ``sizes``: one float32 tensor of each size, allreduced (sum) back to back; seconds per operation, algorithm bandwidth
 (bytes / time) and bus bandwidth (algorithm bandwidth x 2 (n - 1) / n, the data each rank sends and receives in a ring,
@@ -13,8 +14,8 @@ as nccl-tests report it). ``resnet50``: the 161 gradient tensors of ResNet-50 (t
 asynchronously together, as DistributedOptimizer does after a backward pass; seconds per round under the
 HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``shard``: the collectives of a step with and
 without ``--shard-optimizer`` on a flat vector of ``--elements`` float32 values: its allreduce, its reduce-scatter
-and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation). ``memcpy``: one process copying the same
-sizes, the ceiling of what a reduction through memory can reach on this machine.
+and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation). ``memcpy``: one process
+copying the same sizes, the ceiling of what a reduction through memory can reach on this machine.
 """
 from __future__ import annotations
 
@@ -75,8 +76,6 @@ def horovod(args) -> dict:
                            args.sizes, lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
         return {"rank": hvd.rank(), "size": hvd.size(), "rows": rows,
                 "controller": "mpi" if hvd.mpi_enabled() else "gloo"}
-    if args.what == "shard":
-        return {"rank": hvd.rank(), "size": hvd.size(), "elements": args.elements, **_shard_collectives(hvd, args)}
     tensors = [torch.ones(s) for s in resnet50_shapes()]
     rounds = args.rounds
 
@@ -96,20 +95,32 @@ def horovod(args) -> dict:
             "cycle_time_ms": os.environ.get("HOROVOD_CYCLE_TIME")}
 
 
-def _shard_collectives(hvd, args) -> dict:
-    """Seconds per allreduce of the whole vector, per reduce-scatter of it and per allgather of a 1/n shard."""
-    import torch
+def shard_collectives(args) -> dict:
+    """Seconds per allreduce of the whole vector, per reduce-scatter of it and per allgather of a 1/n shard, through
+    ``--framework``'s Horovod frontend. The MXNet frontend waits for a result on MXNet's engine; horovod.torch 0.28.1
+    waits by spinning (``WaitAndClear``: poll, yield, repeat), which takes CPU from Horovod's own thread wherever a
+    rank has less than a core of its own (a CPU quota), so the two can time the same Gloo operation differently."""
+    if args.framework == "mxnet":
+        import mxnet as mx
+        import horovod.mxnet as hvd
+        hvd.init()
+        ones, done = (lambda k: mx.nd.ones((k,))), (lambda a: a.wait_to_read())
+    else:
+        import torch
+        import horovod.torch as hvd
+        hvd.init()
+        torch.set_num_threads(1)
+        ones, done = (lambda k: torch.ones(k)), (lambda a: a)
     n = hvd.size()
-    whole = torch.ones(args.elements // n * n)
-    shard = torch.ones(args.elements // n)
-    ops = {"allreduce": lambda: hvd.allreduce(whole, op=hvd.Sum, name="bench.ar"),
-           "reducescatter": lambda: hvd.reducescatter(whole, op=hvd.Sum, name="bench.rs"),
-           "allgather": lambda: hvd.allgather(shard, name="bench.ag")}
-    out = {}
+    whole, shard = ones(args.elements // n * n), ones(args.elements // n)
+    ops = {"allreduce": lambda: done(hvd.allreduce(whole, op=hvd.Sum, name="bench.ar")),
+           "reducescatter": lambda: done(hvd.reducescatter(whole, op=hvd.Sum, name="bench.rs")),
+           "allgather": lambda: done(hvd.allgather(shard, name="bench.ag"))}
+    out = {"rank": hvd.rank(), "size": n, "elements": args.elements, "framework": args.framework}
     for name, op in ops.items():
         for _ in range(2):  # warm-up: connections, buffers
             op()
-        hvd.allreduce(torch.zeros(1), name="barrier")
+        done(hvd.allreduce(ones(1), name="barrier"))
         start = time.perf_counter()
         for _ in range(args.rounds):
             op()
@@ -149,11 +160,16 @@ def main() -> None:
     parser.add_argument("library", choices=["horovod", "torch", "memcpy"])
     parser.add_argument("what", choices=["sizes", "resnet50", "shard"])
     parser.add_argument("--elements", type=int, default=1 << 20, help="shard: values in the flat vector")
+    parser.add_argument("--framework", choices=["mxnet", "torch"], default="mxnet", help="shard: Horovod's frontend")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
-    out = {"horovod": horovod, "torch": torch_distributed, "memcpy": memcpy}[args.library](args)
+    if args.what == "shard" and args.library != "horovod":
+        parser.error("shard: with the horovod library only")
+    run = shard_collectives if args.what == "shard" else \
+        {"horovod": horovod, "torch": torch_distributed, "memcpy": memcpy}[args.library]
+    out = run(args)
     if out["rank"] == 0:
         with open(args.result, "w") as f:
             json.dump(out, f)

@@ -262,10 +262,41 @@ def _collectives(cluster: Cluster, n: int, elements: int, timeout: float) -> Dic
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.allreduce_worker", "horovod", "shard", "--elements",
-                                   str(elements), "--rounds", "10", "--result", result])
+                                   str(elements), "--framework", "mxnet", "--rounds", "10", "--result", result])
         row = run_worker(cmd, result, timeout, f"the collectives on {n} host(s)",
                          {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1"})
         return {op: row[op] for op in ("allreduce", "reducescatter", "allgather")}
+
+
+def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate: str, timeout: float) -> Dict:
+    """The step's collectives alone on the links at each host count, and the time their bytes take at the rate: the
+    ring allreduce sends and receives 2(n-1)/n of the gradients per host, the reduce-scatter and the allgather
+    (n-1)/n each."""
+    elements = gradient_bytes(hidden) // 4
+    seconds = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
+    link = {n: (n - 1) / n * elements * 4 * 8 / rate_bits(rate) for n in hosts}
+    return {"collectives_seconds": seconds,
+            "collectives_ideal_seconds": {n: {"allreduce": 2 * link[n], "reducescatter": link[n], "allgather": link[n]}
+                                          for n in hosts}}
+
+
+def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
+                     cpu_quota: float = 0.0) -> Dict:
+    """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes)."""
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+        rows = _collectives_rows(cluster, hosts, hidden, rate, timeout)
+    return {"benchmark": "network collectives", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
+            "gradient_mb": gradient_bytes(hidden) / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _print_collectives(result: Dict) -> None:
+    for n, ops in result["collectives_seconds"].items():
+        ideal = result["collectives_ideal_seconds"][n]
+        print(f"{n} host(s), the step's collectives alone: " + ", ".join(
+            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link)" for op, t in ops.items())
+            + f"; reduce-scatter + allgather / allreduce "
+              f"{(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}", flush=True)
 
 
 def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_size: int,
@@ -303,8 +334,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 f"ps server per host n={n}": lambda n=n: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args,
                                                              timeout)})
         res = compare(variants, rounds)
-        elements = gradient_bytes(hidden) // 4
-        collectives = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
+        collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
     ips = {k: v["images_per_sec"] for k, v in res.items()}
     base = ips["single worker"]  # one baseline for every arm: the Gluon loop alone, no Horovod, no kvstore
     rows = [{"hosts": 1, **{arm: {"images_per_sec": base, "efficiency": 1.0} for arm in ARMS}}]
@@ -313,8 +343,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                                           "efficiency": ips[f"{arm} n={n}"] / (n * base),
                                           "spread": [res[f"{arm} n={n}"]["min"], res[f"{arm} n={n}"]["max"]]}
                                     for arm in ARMS}})
-    gradient_mb = elements * 4 / 1e6
-    link_seconds = {n: (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}  # (n-1)/n of it, one way
+    gradient_mb = gradient_bytes(hidden) / 1e6
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
@@ -323,11 +352,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
-            # The step's collectives alone on the links, against the time their bytes take at the rate: the ring
-            # allreduce sends 2(n-1)/n of the gradients, the reduce-scatter and the allgather (n-1)/n each.
-            "collectives_seconds": collectives,
-            "collectives_ideal_seconds": {n: {"allreduce": 2 * link_seconds[n], "reducescatter": link_seconds[n],
-                                              "allgather": link_seconds[n]} for n in hosts},
+            **collectives,
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -375,16 +400,21 @@ def run(args) -> int:
     rate_bits(args.rate)
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0:
         raise ConfigError("--cpu-quota, --burst and --warmup must be 0 or more")
+    if args.collectives_only:
+        result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota)
+        _print_collectives(result)
+        os.makedirs(args.output_dir, exist_ok=True)
+        path = os.path.join(args.output_dir, "collectives.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"bench: wrote {path}")
+        return 0
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
                      burst=args.burst, cpu_quota=args.cpu_quota)
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
-    for n, ops in result["collectives_seconds"].items():
-        ideal = result["collectives_ideal_seconds"][n]
-        print(f"{n} host(s), the step's collectives alone: " + ", ".join(
-            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link)" for op, t in ops.items())
-            + f"; reduce-scatter + allgather / allreduce {(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}")
+    _print_collectives(result)
     busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
     print("machine busy (fraction of all cores, median per variant): "
           + ", ".join(f"{k} {v:.2f}" for k, v in busy.items() if v is not None))
@@ -407,4 +437,7 @@ def add_parser(sub) -> None:
                    help="cores per host (cgroup cpu quota, 0: none): with all hosts within the machine's cores, "
                         "the links limit a step, not the processors")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--collectives-only", action="store_true",
+                   help="time the step's collectives alone on the same links (allreduce; --shard-optimizer's "
+                        "reduce-scatter and allgather), no training arms")
     p.add_argument("--output-dir", default="runs/bench")

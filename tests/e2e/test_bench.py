@@ -176,6 +176,26 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
         "the benchmark left cgroups behind"
 
 
+def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_links(tmp_path):
+    """--collectives-only: the same shaped hosts, the allreduce and --shard-optimizer's reduce-scatter and allgather
+    timed alone against their bytes at the rate, and nothing left behind."""
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    before = _netns_and_links()
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "network", "--collectives-only", "--hosts", "2", "--rate", "200mbit", "--hidden",
+                          "64", "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "collectives.json").read_text())
+    ops, ideal = data["collectives_seconds"]["2"], data["collectives_ideal_seconds"]["2"]
+    assert set(ops) == set(ideal) == {"allreduce", "reducescatter", "allgather"}
+    # no collective moves its bytes faster than the link allows (a broken limit or a wrong byte count would)
+    assert all(ops[op] >= 0.9 * ideal[op] > 0 for op in ops), (ops, ideal)
+    assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+
+
 def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
     result = run(hvdtrain("bench", "network", "--rate", "fast", "--output-dir", str(tmp_path)), timeout=60)
     assert result.returncode != 0 and "--rate 'fast': give a rate in tc's syntax" in result.stderr, describe(result)
