@@ -5,8 +5,8 @@
     torchrun --nproc_per_node 2 -m hvdtrain.bench.allreduce_worker torch sizes --result r.json
     horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod resnet50 --result r.json
     python -m hvdtrain.bench.allreduce_worker memcpy sizes --result r.json
-    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod shard --elements 1630000 --framework mxnet \
-        --result r.json
+    horovodrun -np 2 --gloo python -m hvdtrain.bench.allreduce_worker horovod shard --elements 1630000 \
+        --framework mxnet --result r.json
 
 ``sizes``: one float32 tensor of each size, allreduced (sum) back to back; seconds per operation, algorithm bandwidth
 (bytes / time) and bus bandwidth (algorithm bandwidth x 2 (n - 1) / n, the data each rank sends and receives in a ring,
@@ -14,7 +14,8 @@ as nccl-tests report it). ``resnet50``: the 161 gradient tensors of ResNet-50 (t
 asynchronously together, as DistributedOptimizer does after a backward pass; seconds per round under the
 HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``shard``: the collectives of a step with and
 without ``--shard-optimizer`` on a flat vector of ``--elements`` float32 values: its allreduce, its reduce-scatter
-and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation). ``memcpy``: one process
+and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation, and rank 0's CPU seconds
+per operation: all its threads, with the kernel's work for its sockets). ``memcpy: one process
 copying the same sizes, the ceiling of what a reduction through memory can reach on this machine.
 """
 from __future__ import annotations
@@ -121,10 +122,11 @@ def shard_collectives(args) -> dict:
         for _ in range(2):  # warm-up: connections, buffers
             op()
         done(hvd.allreduce(ones(1), name="barrier"))
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.rounds):
             op()
         out[name] = (time.perf_counter() - start) / args.rounds
+        out.setdefault("cpu_seconds", {})[name] = (time.process_time() - cpu) / args.rounds  # rank 0's process
     return out
 
 

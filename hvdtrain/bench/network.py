@@ -256,16 +256,17 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
         return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"]}
 
 
-def _collectives(cluster: Cluster, n: int, elements: int, timeout: float) -> Dict[str, float]:
-    """Seconds per operation of the collectives a step sends, each timed on its own on the same links: the plain
-    step's allreduce of the gradients, and --shard-optimizer's reduce-scatter of them and allgather of one shard."""
+def _collectives(cluster: Cluster, n: int, elements: int, timeout: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Seconds per operation of the collectives a step sends, each timed on its own on the same links (the plain
+    step's allreduce of the gradients, and --shard-optimizer's reduce-scatter of them and allgather of one shard),
+    and rank 0's CPU seconds per operation."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.allreduce_worker", "horovod", "shard", "--elements",
                                    str(elements), "--framework", "mxnet", "--rounds", "10", "--result", result])
         row = run_worker(cmd, result, timeout, f"the collectives on {n} host(s)",
                          {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1"})
-        return {op: row[op] for op in ("allreduce", "reducescatter", "allgather")}
+        return {op: row[op] for op in ("allreduce", "reducescatter", "allgather")}, row["cpu_seconds"]
 
 
 def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate: str, timeout: float) -> Dict:
@@ -273,9 +274,10 @@ def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate:
     ring allreduce sends and receives 2(n-1)/n of the gradients per host, the reduce-scatter and the allgather
     (n-1)/n each."""
     elements = gradient_bytes(hidden) // 4
-    seconds = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
+    timed = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
     link = {n: (n - 1) / n * elements * 4 * 8 / rate_bits(rate) for n in hosts}
-    return {"collectives_seconds": seconds,
+    return {"collectives_seconds": {n: t[0] for n, t in timed.items()},
+            "collectives_cpu_seconds": {n: t[1] for n, t in timed.items()},  # rank 0's process, per operation
             "collectives_ideal_seconds": {n: {"allreduce": 2 * link[n], "reducescatter": link[n], "allgather": link[n]}
                                           for n in hosts}}
 
@@ -294,7 +296,8 @@ def _print_collectives(result: Dict) -> None:
     for n, ops in result["collectives_seconds"].items():
         ideal = result["collectives_ideal_seconds"][n]
         print(f"{n} host(s), the step's collectives alone: " + ", ".join(
-            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link)" for op, t in ops.items())
+            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link, "
+            f"{1e3 * result['collectives_cpu_seconds'][n][op]:.0f} ms CPU)" for op, t in ops.items())
             + f"; reduce-scatter + allgather / allreduce "
               f"{(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}", flush=True)
 
@@ -381,7 +384,7 @@ def plot(result: Dict, path: str) -> None:
     eff.plot(range(len(rows)), [100] * len(rows), "k:", linewidth=1)
     eff.set_ylim(0, 110)
     eff.set_ylabel("scaling efficiency (%)")
-    ax.set_title(f"Horovod ring vs parameter server, {result['model']} ({result['gradient_mb']:.0f} MB gradients)",
+    ax.set_title(f"Horovod ring vs parameter server, {result['model']} ({result['gradient_mb']:.1f} MB gradients)",
                  fontsize=9)
     lines = ax.get_legend_handles_labels()
     more = eff.get_legend_handles_labels()

@@ -192,6 +192,8 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert set(ops) == set(ideal) == {"allreduce", "reducescatter", "allgather"}
     # no collective moves its bytes faster than the link allows (a broken limit or a wrong byte count would)
     assert all(ops[op] >= 0.9 * ideal[op] > 0 for op in ops), (ops, ideal)
+    assert set(data["collectives_cpu_seconds"]["2"]) == set(ops)
+    assert all(c > 0 for c in data["collectives_cpu_seconds"]["2"].values()), data
     assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
 
