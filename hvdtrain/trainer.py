@@ -324,7 +324,7 @@ class Trainer:
         self.reporter.rank = b.rank
 
     def _timing(self, train_seconds: float, steps: int, epoch_seconds: float,
-                cpu_seconds: float = 0.0) -> Tuple[Dict[str, Any], Dict[str, float]]:
+                cpu_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
         """This epoch's per-phase step times: every rank's means, its training time, its time for the whole epoch
         and its process's CPU time while training gathered in one collective; the phases averaged, with the slowest
         rank of each (see :mod:`hvdtrain.phases`), every rank's CPU seconds per step, and the slowest rank's training

@@ -15,7 +15,7 @@ asynchronously together, as DistributedOptimizer does after a backward pass; sec
 HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``shard``: the collectives of a step with and
 without ``--shard-optimizer`` on a flat vector of ``--elements`` float32 values: its allreduce, its reduce-scatter
 and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation, and rank 0's CPU seconds
-per operation: all its threads, with the kernel's work for its sockets). ``memcpy: one process
+per operation: all its threads, with the kernel's work for its sockets). ``memcpy``: one process
 copying the same sizes, the ceiling of what a reduction through memory can reach on this machine.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import PY, ROOT, describe, hvdtrain, run, why_no_netns
+from tests.helpers import PY, ROOT, describe, horovodrun, hvdtrain, run, why_no_netns
 
 
 def test_scaling_benchmark_writes_json_and_png(tmp_path):
@@ -196,6 +196,20 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert all(c > 0 for c in data["collectives_cpu_seconds"]["2"].values()), data
     assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+
+
+@pytest.mark.parametrize("framework", ["mxnet", "torch"])
+def test_shard_collectives_worker_times_each_collective_through_either_frontend(framework, tmp_path):
+    """The worker behind --collectives-only, through horovod.mxnet and horovod.torch: each collective's seconds and
+    rank 0's CPU seconds per operation."""
+    path = tmp_path / "r.json"
+    result = run(horovodrun(2, PY, "-m", "hvdtrain.bench.allreduce_worker", "horovod", "shard", "--elements", "10001",
+                            "--framework", framework, "--rounds", "3", "--result", str(path)), timeout=180)
+    assert result.returncode == 0, describe(result)
+    data = json.loads(path.read_text())
+    ops = ("allreduce", "reducescatter", "allgather")
+    assert data["size"] == 2 and data["framework"] == framework and data["elements"] == 10001
+    assert all(data[op] > 0 and data["cpu_seconds"][op] > 0 for op in ops), data
 
 
 def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
