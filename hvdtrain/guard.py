@@ -6,11 +6,20 @@
 - The output directory of a live job. Rank 0 holds an exclusive ``flock`` on ``OUTPUT_DIR/.hvdtrain.lock`` for the
   whole run, the file naming its host, pid and job; a second job aimed there is refused with those. The kernel
   drops the lock when the process ends, however it ends (a SIGKILL too), so a lock is never left stale.
+  On a shared filesystem a flock reaches other hosts only where the filesystem makes it so: NFS mounted with
+  ``local_lock=flock`` (or ``local_lock=all``) and Lustre's ``localflock`` keep it per node, and NFS without a lock
+  service refuses it (ENOLCK). So the job's rank 0 heartbeat (``heartbeats/rank-0.json``, rewritten every second)
+  is read too: when the lock's last holder ran on another host, or the filesystem has no locks, a heartbeat younger
+  than :data:`LEASE_SECONDS` that does not say "done" refuses the directory as well. A job that died less than that
+  long ago is taken for live until its heartbeat ages. An elastic job's lock is rank 0's of its first world: a rank
+  0 after a reset takes none.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import sys
 import socket
 import time
 from typing import IO, Mapping, Optional, Tuple
@@ -18,6 +27,10 @@ from typing import IO, Mapping, Optional, Tuple
 from .config import ConfigError
 
 LOCK_NAME = ".hvdtrain.lock"
+LEASE_SECONDS = 10.0
+"""A rank 0 heartbeat younger than this (it is rewritten every second) marks a job that still runs."""
+_HELD = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+"""flock's errors that mean another process holds the lock; any other means this filesystem has no locks."""
 
 # What each launcher tells its processes about the size of the job, innermost launcher first: mpirun inside a Slurm
 # allocation starts its daemons with srun, so its processes see the step's task count (one per node) as well.
@@ -61,6 +74,29 @@ def describe_holder(path: str) -> str:
         return "a process whose details could not be read"
 
 
+def live_heartbeat(output_dir: str, now: Optional[float] = None) -> Optional[str]:
+    """The job whose rank 0 heartbeat in ``output_dir`` is fresh (younger than LEASE_SECONDS by its file's time)
+    and not "done", described for a message; None when there is none."""
+    path = os.path.join(output_dir, "heartbeats", "rank-0.json")
+    try:
+        with open(path) as f:
+            beat = json.load(f)
+        age = (time.time() if now is None else now) - os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    if beat.get("phase") == "done" or age > LEASE_SECONDS:
+        return None
+    return f"host {beat.get('host', '?')}, pid {beat.get('pid', '?')}, its rank 0 heartbeat {max(age, 0):.0f} s old"
+
+
+def _holder(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) -> IO:
     """Take the output directory for this job (see the module docstring); returns the open lock file, which the
     caller keeps open for the whole run. Raises ConfigError naming the holder when a live job has it."""
@@ -70,10 +106,23 @@ def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) ->
     handle = open(path, "a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise ConfigError(f"--output-dir {output_dir} is in use by a running job ({describe_holder(path)}): wait for "
-                          f"it, stop it, or choose another --output-dir") from None
+        locked = True
+    except OSError as e:
+        if e.errno in _HELD:
+            handle.close()
+            raise ConfigError(f"--output-dir {output_dir} is in use by a running job ({describe_holder(path)}): "
+                              f"wait for it, stop it, or choose another --output-dir") from None
+        locked = False  # ENOLCK, ENOSYS, EOPNOTSUPP...: the filesystem has no locks
+        print(f"hvdtrain: warning: {output_dir} is on a filesystem without file locks ({os.strerror(e.errno)}): "
+              f"another job aimed at it is recognised by its heartbeat alone", file=sys.stderr, flush=True)
+    # A lock taken proves the last holder gone only where that holder shared this host's locks.
+    if not locked or _holder(path).get("host", socket.gethostname()) != socket.gethostname():
+        live = live_heartbeat(output_dir)
+        if live:
+            handle.close()
+            raise ConfigError(f"--output-dir {output_dir} is in use by a running job ({live}; this filesystem's "
+                              f"locks do not reach that host): wait for it, stop it, or choose another "
+                              f"--output-dir")
     job = next((f"{name} {environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"),
                                                           ("LSB_JOBID", "LSF"), ("JOB_ID", "SGE"))
                 if environ.get(var)), "")
@@ -85,4 +134,4 @@ def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) ->
     return handle
 
 
-__all__ = ["declared_world_size", "check_world_size", "lock_output_dir", "LOCK_NAME"]
+__all__ = ["declared_world_size", "check_world_size", "lock_output_dir", "live_heartbeat", "LOCK_NAME", "LEASE_SECONDS"]

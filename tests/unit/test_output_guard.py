@@ -46,3 +46,45 @@ def test_a_live_jobs_output_dir_is_refused_naming_it_and_freed_when_it_ends(tmp_
     with open(os.path.join(out, guard.LOCK_NAME)) as f:
         assert json.load(f)["pid"] == os.getpid()
     handle.close()
+
+
+def _beat(out, phase="train", age=0.0, host="other-host"):
+    beats = os.path.join(out, "heartbeats")
+    os.makedirs(beats, exist_ok=True)
+    path = os.path.join(beats, "rank-0.json")
+    with open(path, "w") as f:
+        json.dump({"rank": 0, "phase": phase, "pid": 4242, "host": host}, f)
+    stamp = os.stat(path).st_mtime - age
+    os.utime(path, (stamp, stamp))
+
+
+def test_a_filesystem_without_locks_is_not_taken_for_a_live_job(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    out = str(tmp_path / "out")
+    guard.lock_output_dir(out).close()  # taken, with a warning naming why the lock cannot guard it
+    assert "filesystem without file locks (No locks available)" in capsys.readouterr().err
+    _beat(out)  # but a job whose rank 0 heartbeat is fresh still holds it
+    with pytest.raises(ConfigError, match=r"is in use by a running job \(host other-host, pid 4242, its rank 0 "
+                                          r"heartbeat 0 s old"):
+        guard.lock_output_dir(out)
+
+
+def test_a_node_local_lock_does_not_hide_a_job_on_another_host(tmp_path):
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    with open(os.path.join(out, guard.LOCK_NAME), "w") as f:  # last taken on another host, whose flock we cannot see
+        json.dump({"host": "other-host", "pid": 4242}, f)
+    _beat(out)
+    with pytest.raises(ConfigError, match="this filesystem's locks do not reach that host"):
+        guard.lock_output_dir(out)
+    _beat(out, phase="done")  # that job finished
+    guard.lock_output_dir(out).close()
+    with open(os.path.join(out, guard.LOCK_NAME), "w") as f:
+        json.dump({"host": "other-host", "pid": 4242}, f)
+    _beat(out, age=guard.LEASE_SECONDS + 5)  # or died: its heartbeat went stale
+    guard.lock_output_dir(out).close()
