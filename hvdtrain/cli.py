@@ -18,6 +18,21 @@ from .checkpoint import CheckpointError
 from .config import ConfigError, help_text, parse_overrides
 from .faults import JobFailed, report_line
 
+EXPORT_USAGE = """usage: python -m hvdtrain export SOURCE [--format native|onnx] [--framework torch|mxnet] [--output DIR]
+                                [--recipe NAME] [--option value ...]
+
+The weights in SOURCE (a run directory, a checkpoint, an export, a .pt or .params file) as the recipe's model: in a
+framework's own formats (native) or as ONNX. DIR (default: beside the run, export-FORMAT[-FRAMEWORK]) receives the
+model files, model.json (recipe, classes, input, preprocessing) and sample.npz (inputs and the source's logits).
+--recipe and the recipe's options are needed only for files that do not say which recipe trained them."""
+
+EVAL_USAGE = """usage: python -m hvdtrain eval SOURCE [--output-dir DIR] [--recipe NAME] [--option value ...]
+
+Evaluate the weights in SOURCE (a run directory, a checkpoint, an export, a .pt or .params file) on the recipe's
+validation set, every sample once over all ranks; launch it like training (horovodrun, mpirun, srun). The precision
+is resolved for the host it runs on (--precision auto by default), not taken from the training run. Rank 0 prints the
+figures and writes DIR/eval.json (default: RUN_DIR/eval)."""
+
 USAGE = """usage: python -m hvdtrain COMMAND ...
 
 commands:
@@ -29,12 +44,21 @@ commands:
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
-  bench scaling|overhead|ddp|ps|allreduce|input [options]
+  bench {benchmarks} [options]
                                      side-by-side benchmarks (JSON + PNG); bench -h lists them
-  
+
 Launch with Horovod as usual, e.g.
   horovodrun -np 2 -H localhost:2 python -m hvdtrain recipe mnist --framework torch --data-dir data/digits
 """
+
+
+def usage() -> str:
+    from .bench import BENCHMARKS
+    return USAGE.replace("{benchmarks}", "|".join(BENCHMARKS))
+
+
+def _wants_help(argv: List[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
 
 
 def launcher_rank() -> Optional[str]:
@@ -122,12 +146,22 @@ def _from_source(command: str, argv: List[str]):
     return cls, base, rest, source, info
 
 
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".params", ".onnx", ".json", ".npz")
+
+
 def cmd_export(argv: List[str]) -> int:
+    if _wants_help(argv):
+        print(EXPORT_USAGE)
+        return 0
     argv = list(argv)
     fmt = _pop_option(argv, "--format", "native")
     output = _pop_option(argv, "--output")
     if fmt not in ("native", "onnx"):
         raise ConfigError(f"--format must be native or onnx, got {fmt!r}")
+    if output and output.lower().endswith(MODEL_FILE_SUFFIXES) and not os.path.isdir(output):
+        raise ConfigError(f"--output names the directory the export writes its files into (the model, model.json, "
+                          f"sample.npz), and {output} looks like a file name: pass a directory, e.g. --output "
+                          f"{os.path.splitext(output)[0]}")
     cls, base, rest, source, info = _from_source("export", argv)
     cfg = parse_overrides(cls.config_class, rest, base=base)
     cfg = dataclasses.replace(cfg, resume="never", init_from="", elastic=False)
@@ -148,10 +182,14 @@ def cmd_export(argv: List[str]) -> int:
 
 
 def cmd_eval(argv: List[str]) -> int:
+    if _wants_help(argv):
+        print(EVAL_USAGE)
+        return 0
     argv = list(argv)
     output = _pop_option(argv, "--output-dir")
     cls, base, rest, source, info = _from_source("eval", argv)
-    cfg = parse_overrides(cls.config_class, rest, base=base)
+    # The precision of this host, not the training run's (a GPU's fp16 run is evaluated on a CPU too).
+    cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision="auto"))
     if not output:
         output = (os.path.join(_run_dir(info), "eval") if _run_dir(info)
                   else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
@@ -205,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not faulthandler.is_enabled():
         faulthandler.enable(all_threads=True)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage())
         return 0 if argv else 2
     command = COMMANDS.get(argv[0])
     if command is None:

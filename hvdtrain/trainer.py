@@ -161,7 +161,7 @@ class Trainer:
                               f"lower --batch-size or run fewer ranks")
         self.start_epoch, self.global_step, self.resume_offset = self._restore() if restore else (0, 0, 0)
         if cfg.init_from and (self.start_epoch, self.global_step, self.resume_offset) == (0, 0, 0):
-            self._init_from()
+            self._init_from(evaluating=not restore)
 
     def _take_output_dir(self):
         """Rank 0 locks --output-dir for this job (:func:`guard.lock_output_dir`); every rank stops on a refusal."""
@@ -481,7 +481,7 @@ class Trainer:
         """How raw inputs become the model's input, for exported models (a recipe describes its own)."""
         return {}
 
-    def _init_from(self) -> None:
+    def _init_from(self, evaluating: bool = False) -> None:
         """--init-from: rank 0 reads the weights and fits them to the model (renamed from the other framework where
         needed); every rank then takes rank 0's model. Elastic runs, which must not add collectives, read on every
         rank. Optimizer state stays fresh."""
@@ -491,6 +491,10 @@ class Trainer:
             try:
                 arrays, source = weights.read(path)
                 fitted, kept = weights.fit(b.model_arrays(), arrays, path, to=b.weight_naming)
+                if kept and evaluating:
+                    raise weights.WeightsError(f"{path} has another class count than the model ({', '.join(kept)}): "
+                                               f"evaluating it would score an untrained classifier; pass the "
+                                               f"recipe's --num-classes for these weights")
                 b.assign_model_arrays(fitted)
                 info = {"kept": kept, "count": len(fitted), "framework": source.get("framework") or "unknown"}
             except weights.WeightsError as e:
