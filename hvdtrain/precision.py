@@ -20,6 +20,10 @@ import os
 from typing import FrozenSet, Mapping, Optional, Sequence, Tuple
 
 CPUINFO = "/proc/cpuinfo"
+CPUINFO_VARIABLE = "HVDTRAIN_CPUINFO"
+"""Environment variable: a file read in place of /proc/cpuinfo (tests give one rank another processor's flags)."""
+PRECISIONS = ("fp32", "bf16", "fp16")
+"""Every precision a run computes in (--precision without auto)."""
 NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 """CPU flags (Linux names) of instructions that compute in bf16 natively: AVX512-BF16 and AMX-BF16."""
 AVX512_CORE = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
@@ -34,8 +38,10 @@ _ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE
 _NEEDS_ISA = {"avx512_bf16": "AVX512_CORE_BF16", "amx_bf16": "AVX512_CORE_AMX"}
 
 
-def read_cpu_flags(path: str = CPUINFO) -> FrozenSet[str]:
-    """The first processor's ``flags`` from /proc/cpuinfo (empty where there is no such file: not Linux)."""
+def read_cpu_flags(path: str = "") -> FrozenSet[str]:
+    """The first processor's ``flags`` from ``path``, else $HVDTRAIN_CPUINFO, else /proc/cpuinfo (empty where there
+    is no such file: not Linux)."""
+    path = path or os.environ.get(CPUINFO_VARIABLE) or CPUINFO
     try:
         with open(path) as f:
             for line in f:
@@ -110,4 +116,4 @@ def choose(requested: str, on_gpu: bool, native: Sequence[str], missing: str = "
     return "fp32", f"auto: no native bf16 on this CPU: {missing or 'bf16 would be emulated'}"
 
 
-__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "detect_cpu_bf16", "choose", "NATIVE_BF16", "AVX512_CORE"]
+__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "detect_cpu_bf16", "choose", "NATIVE_BF16", "AVX512_CORE", "PRECISIONS"]

@@ -38,6 +38,10 @@ class TinyConfig(TrainConfig):
     """Seconds to sleep per training batch (slows the run down so that a test can act mid-epoch)."""
     sleep_while: str = ""
     """A file: --step-sleep applies only while it exists (a test removes it to let the run finish quickly)."""
+    half_ops: bool = False
+    """MXNet: build the MLP from operators MXNet runs in float16 on the CPU (a broadcast multiply and a sum in place
+    of FullyConnected), with a BatchNorm after the hidden layer, so that the float16 path runs under the stand-in
+    HVDTRAIN_GPU_STAND_IN=fp16 (MXNet's FullyConnected has no float16 kernel on the CPU)."""
 
 
 def _rank() -> int:
@@ -118,9 +122,30 @@ class TinyTrainer(Trainer):
         import mxnet as mx
         from mxnet.gluon import nn
         net = nn.HybridSequential()
-        net.add(nn.Dense(32, activation="tanh", in_units=self.cfg.features), nn.Dense(self.cfg.classes, in_units=32))
+        if self.cfg.half_ops:
+            net.add(_half_dense(32, self.cfg.features), nn.Activation("tanh"), nn.BatchNorm(in_channels=32),
+                    _half_dense(self.cfg.classes, 32))
+        else:
+            net.add(nn.Dense(32, activation="tanh", in_units=self.cfg.features),
+                    nn.Dense(self.cfg.classes, in_units=32))
         net.initialize(mx.init.Xavier())
         if self.cfg.perturb_by_rank:
             for p in net.collect_params().values():
                 p.set_data(p.data() + 0.1 * (_rank() + 1))
         return net
+
+
+def _half_dense(units: int, in_units: int):
+    """A dense layer (Gluon Dense's parameters and result) from operators with float16 kernels on MXNet's CPU."""
+    from mxnet.gluon import HybridBlock
+
+    class HalfDense(HybridBlock):
+        def __init__(self):
+            super().__init__()
+            self.weight = self.params.get("weight", shape=(units, in_units))
+            self.bias = self.params.get("bias", shape=(units,), init="zeros")
+
+        def hybrid_forward(self, F, x, weight, bias):
+            products = F.broadcast_mul(F.expand_dims(x, axis=1), F.expand_dims(weight, axis=0))
+            return F.broadcast_add(F.sum(products, axis=2), F.expand_dims(bias, axis=0))
+    return HalfDense()

@@ -204,13 +204,45 @@ class Backend(abc.ABC):
         self.hvd.stop_timeline()
 
     def resolve_precision(self, cfg, on_gpu: bool) -> bool:
-        """Set :attr:`precision` and :attr:`precision_reason` from ``--precision`` (auto: :mod:`hvdtrain.precision`);
-        returns whether bf16 would run natively here (on a GPU: True, the framework decides). ``cfg`` keeps the flag as
-        given; the backend computes with ``self.precision`` (the Trainer replaces its config's after ``init``)."""
+        """Set :attr:`precision` and :attr:`precision_reason` from ``--precision`` (auto: :mod:`hvdtrain.precision`)
+        as this rank's hardware decides; returns whether bf16 would run natively here (on a GPU: True, the framework
+        decides). ``cfg`` keeps the flag as given; the backend computes with ``self.precision`` (the Trainer replaces
+        its config's after ``init``). The ranks then agree (:meth:`agree_precision`)."""
         native, self.bf16_missing = precisions.detect_cpu_bf16()
         self.precision, self.precision_reason = precisions.choose(cfg.precision, on_gpu, native, self.bf16_missing,
                                                                  cfg.adasum, self.slower_bf16)
         return on_gpu or bool(native)
+
+    def precision_refusal(self, native_bf16: bool) -> str:
+        """Why this rank cannot compute in :attr:`precision` ("" when it can): a one-line ConfigError text."""
+        return ""
+
+    def agree_precision(self, cfg, native_bf16: bool) -> None:
+        """Horovod: every rank computes in the same precision (ranks averaging gradients of different precisions
+        would train a model none of them describes). One collective after hvd.init: every rank's choice and whether
+        it can compute in it. A rank that cannot honour an explicit ``--precision`` stops the job on every rank with
+        its reason and the ranks that lack it; ``--precision auto`` choices that differ (hosts of different CPU
+        generations, a GPU host beside a CPU host) become fp32 on every rank, said in the reason. Elastic jobs skip
+        it (a joining worker must run no collective the others do not): each rank keeps its own choice there."""
+        from ..config import ConfigError
+        refusal = self.precision_refusal(native_bf16)
+        if cfg.elastic:
+            if refusal:
+                raise ConfigError(refusal)
+            return
+        rows = self.allgather_floats([float(precisions.PRECISIONS.index(self.precision)), float(bool(refusal))])
+        refused = [r for r, row in enumerate(rows) if row[1]]
+        if refused:
+            # Horovod: the first refusing rank's reason, on every rank: all stop with the same line.
+            reason = self.broadcast_object(refusal, root=refused[0])
+            where = "this rank" if refused == [self.rank] else f"rank(s) {', '.join(map(str, refused))} of {self.size}"
+            raise ConfigError(f"{reason} (on {where})")
+        chosen = [precisions.PRECISIONS[int(row[0])] for row in rows]
+        if len(set(chosen)) > 1:
+            by_rank = ", ".join(f"rank {r} {p}" for r, p in enumerate(chosen))
+            self.precision = "fp32"
+            self.precision_reason = (f"auto: the ranks' hardware differs ({by_rank}): fp32 on every rank, the "
+                                     f"precision all of them compute in")
 
     def mpi_built(self) -> bool:
         """Whether this Horovod was built with MPI (without it, mpirun and srun cannot form its world)."""

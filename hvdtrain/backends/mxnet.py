@@ -30,7 +30,7 @@ from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
 from ..vision import RecordIODataset
 from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
-from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state
+from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state, master_position, split_master
 
 
 def _launcher_local_size() -> int:
@@ -42,8 +42,12 @@ def _launcher_local_size() -> int:
 
 
 GPU_STAND_IN = "HVDTRAIN_GPU_STAND_IN"
-"""Environment variable: with ``1`` and no GPU, each rank runs on ``mx.cpu(local_rank + 1)``, a context other than
-MXNet's default standing in for ``mx.gpu(local_rank)``, so that tests on a CPU catch anything left on ``cpu(0)``."""
+"""Environment variable for tests on a CPU: with ``1`` and no GPU, each rank runs on ``mx.cpu(local_rank + 1)``, a
+context other than MXNet's default standing in for ``mx.gpu(local_rank)``, so that anything left on ``cpu(0)`` is
+caught. With ``fp16`` the stand-in also takes a GPU's precision: ``--precision auto`` picks fp16, the network is cast
+to float16 (BatchNorm stays float32) and the optimizer keeps float32 master weights, as on a GPU. MXNet has float16
+kernels on the CPU for elementwise operators, reductions and BatchNorm but not for FullyConnected or Convolution, so
+a model under ``fp16`` must be built from the former (the tests' TinyTrainer has one)."""
 
 
 def rank_context(mx, local_rank: int, local_size: int = 1):
@@ -52,7 +56,7 @@ def rank_context(mx, local_rank: int, local_size: int = 1):
     gpus = mx.context.num_gpus()
     if gpus > 0:
         return mx.gpu(gpu_for_rank(local_rank, local_size, gpus, os.environ.get("CUDA_VISIBLE_DEVICES")))
-    if os.environ.get(GPU_STAND_IN) == "1":
+    if os.environ.get(GPU_STAND_IN) in ("1", "fp16"):
         return mx.cpu(local_rank + 1)
     return mx.cpu()
 
@@ -133,20 +137,9 @@ class MXNetBackend(Backend):
         import mxnet as mx
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
-        # Before Horovod starts, so that every rank exits 2 with the same line.
-        on_gpu = mx.context.num_gpus() > 0
-        native_bf16 = self.resolve_precision(cfg, on_gpu)
-        if self.precision == "fp16" and not on_gpu:
-            raise ConfigError("--precision fp16 needs a GPU on --framework mxnet (MXNet has no fp16 GEMM on the "
-                              "CPU); use --precision auto or fp32 on the CPU")
-        if self.precision == "bf16" and on_gpu:
-            raise ConfigError("--precision bf16 runs on the CPU only on --framework mxnet (MXNet 1.9.1's AMP has no "
-                              "bf16 GPU kernels); use --precision auto (fp16 on a GPU) or fp16")
-        if self.precision == "bf16" and not native_bf16:
-            # MXNet's oneDNN fails at the first convolution without AVX-512 ("could not create a primitive
-            # descriptor iterator") and emulates bf16 slowly without AVX512-BF16/AMX.
-            raise ConfigError(f"--precision bf16 needs native bf16 on --framework mxnet, and {self.bf16_missing}; "
-                              f"use --precision auto (fp32 here) or fp32")
+        # A GPU, or the CPU standing in for one in precision too (GPU_STAND_IN=fp16): fp16 with fp32 master weights.
+        self.gpu_like = mx.context.num_gpus() > 0 or os.environ.get(GPU_STAND_IN) == "fp16"
+        native_bf16 = self.resolve_precision(cfg, self.gpu_like)
         # Horovod: start the background thread and join the job.
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
@@ -159,6 +152,7 @@ class MXNetBackend(Backend):
                   flush=True)
         import ctypes
         mx.base._LIB.MXSetNumOMPThreads(ctypes.c_int(self.threads))  # the calling thread too
+        self.agree_precision(cfg, native_bf16)  # one collective: every rank computes in the same precision
         # Horovod: one GPU per process, chosen by local rank.
         self.ctx = self.device = rank_context(mx, self.local_rank, self.local_size)
         self.on_gpu = self.ctx.device_type == "gpu"
@@ -169,6 +163,20 @@ class MXNetBackend(Backend):
             from mxnet.contrib import amp
             # AMP rewrites operators as they are created: before the network is built.
             amp.init(target_dtype="bfloat16")
+
+    def precision_refusal(self, native_bf16: bool) -> str:
+        if self.precision == "fp16" and not self.gpu_like:
+            return ("--precision fp16 needs a GPU on --framework mxnet (MXNet has no fp16 GEMM on the CPU); use "
+                    "--precision auto or fp32 on the CPU")
+        if self.precision == "bf16" and self.gpu_like:
+            return ("--precision bf16 runs on the CPU only on --framework mxnet (MXNet 1.9.1's AMP has no bf16 GPU "
+                    "kernels); use --precision auto (fp16 on a GPU) or fp16")
+        if self.precision == "bf16" and not native_bf16:
+            # MXNet's oneDNN fails at the first convolution without AVX-512 ("could not create a primitive
+            # descriptor iterator") and emulates bf16 slowly without AVX512-BF16/AMX.
+            return (f"--precision bf16 needs native bf16 on --framework mxnet, and {self.bf16_missing}; use "
+                    f"--precision auto (fp32 here) or fp32")
+        return ""
 
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
         mx, hvd = self.mx, self.hvd
@@ -194,6 +202,7 @@ class MXNetBackend(Backend):
             opt = kind(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay, multi_precision=multi)
         else:
             opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay, multi_precision=multi)
+        self._master_at = master_position(mx, opt)  # where a float16 weight's state keeps its float32 copy
         compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         self.predivide = cfg.predivide
         if cfg.shard_optimizer:
@@ -235,10 +244,10 @@ class MXNetBackend(Backend):
         self._ensure_optimizer_states()
         updater, opt = self._updater(), self.trainer._optimizer
         if self.sharded is not None:
-            # Horovod: rank 0's whole state (as created, or as loaded from a checkpoint); each rank keeps its shard.
+            # Horovod: rank 0's whole state (as created, or as loaded from a checkpoint); each rank keeps its shard,
+            # and its float32 weights from the parameters just broadcast (or from the checkpoint's master copies).
             whole = self.broadcast_tree(self.sharded.state_arrays() if self.rank == 0 else None)
-            if self.rank != 0:
-                self.sharded.load_state_arrays(whole)
+            self.sharded.load_state_arrays(whole)
         for i in sorted(updater.states):
             for j, arr in enumerate(_flatten_state(updater.states[i])):
                 hvd.broadcast_(arr, root_rank=0, name=f"hvdtrain.opt.{i}.{j}.{self._op()}")
@@ -346,8 +355,12 @@ class MXNetBackend(Backend):
             return self.allreduce_array(np.array([0.0 if self.sharded.finite_here() else 1.0]), "finite")[0] == 0
         grads = [p.grad(self.ctx) for p in self.trainer._params if p.grad_req != "null"]
         nd = self.mx.nd
-        finite = nd.multi_all_finite(*grads, num_arrays=len(grads), init_output=True)
-        return bool(finite.asscalar() > 0)
+        # multi_all_finite takes arrays of one type: a float16 network's BatchNorm gradients are float32.
+        by_type: Dict[Any, List[Any]] = {}
+        for g in grads:
+            by_type.setdefault(np.dtype(g.dtype), []).append(g)
+        return all(bool(nd.multi_all_finite(*same, num_arrays=len(same), init_output=True).asscalar() > 0)
+                   for same in by_type.values())
 
     def eval_step(self, batch: Any) -> Dict[str, Any]:
         nd = self.mx.nd
@@ -553,13 +566,17 @@ class MXNetBackend(Backend):
         updater = self._updater()
         index = {id(p): i for i, p in enumerate(self.trainer._params)}
         for name, arrays in ({} if self.sharded is not None else state["optimizer"]["states"]).items():
-            targets = _flatten_state(updater.states[index[id(params[name])]])
-            if len(targets) != len(arrays):
-                raise ValueError(f"optimizer state of {name} has {len(arrays)} arrays, the optimizer {len(targets)}")
-            for target, value in zip(targets, arrays):
+            p = params[name]
+            targets = _flatten_state(updater.states[index[id(p)]])
+            keeps = self._keeps_master(p)
+            # A float16 run's checkpoint holds master copies a float32 run's lacks: either resumes the other.
+            values, master = split_master(arrays, len(targets) - keeps, self._master_at, name)
+            if keeps:
+                values.insert(self._master_at, master if master is not None else p.data(self.ctx).asnumpy())
+            for target, value in zip(targets, values):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
         if self.sharded is not None:
-            self.sharded.load_state_arrays(state["optimizer"]["states"])
+            self.sharded.load_state_arrays(state["optimizer"]["states"], keep_whole=True)
             num_update = int(state["optimizer"]["num_update"])
             self._set_update_counts(num_update, {index: num_update for index, *_ in self.sharded.groups})
         else:
@@ -599,6 +616,24 @@ class MXNetBackend(Backend):
             if tuple(value.shape) != tuple(p.shape):
                 raise ValueError(f"parameter {name} has shape {value.shape}, the model {p.shape}")
             p.set_data(mx.nd.array(value, ctx=p.list_ctx()[0], dtype=p.dtype))  # every context of p
+        if model is None and self.trainer is not None:
+            self._weights_changed()
+
+    def _keeps_master(self, p) -> bool:
+        """Whether the optimizer keeps float32 master weights for parameter ``p`` (float16, multi-precision)."""
+        return bool(self.trainer._optimizer.multi_precision) and np.dtype(p.dtype) == np.float16
+
+    def _weights_changed(self) -> None:
+        """The trained model's weights were set from outside the update (--init-from, a checkpoint): the float32
+        copies the next update starts from -- fp16's master weights, the sharded update's shard -- follow them.
+        Without this a float16 run would go on from the weights it had before (its master copies)."""
+        if self.sharded is not None:
+            self.sharded.take_weights()
+            return
+        updater = self._updater()
+        for i, p in enumerate(self.trainer._params):
+            if i in updater.states and self._keeps_master(p):
+                _flatten_state(updater.states[i])[self._master_at][:] = p.data(self.ctx).astype("float32")
 
     def prepare_model(self, model: Any, sample_shape) -> Any:
         import mxnet as mx

@@ -104,6 +104,7 @@ class TorchBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        self.agree_precision(cfg, native_bf16)  # one collective: every rank computes in the same precision
         if cfg.adasum and self.size > 1 and not hvd.mpi_enabled():
             # Horovod implements Adasum on MPI only; on Gloo the first step fails ("No Adasum operation enabled").
             raise ConfigError("--adasum needs Horovod's MPI controller: launch with mpirun (or horovodrun --mpi); "

@@ -8,12 +8,13 @@ allgather); each rank keeps the optimizer state of its shard only.
 
 ``state_dict()`` is the plain optimizer's format (``torch.optim.SGD(...).state_dict()`` of the whole model), so a
 checkpoint does not depend on --shard-optimizer or on the world size. After steps it needs ``gather_state()`` first:
-a collective every rank runs (the Trainer does, before rank 0 writes a checkpoint).
+a collective every rank runs (the Trainer does, before rank 0 writes a checkpoint), which leaves the whole state on
+rank 0 for one ``state_dict()`` and nowhere else: between checkpoints each rank holds 1/size of it.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -42,8 +43,9 @@ class ShardedOptimizer:
         for group in param_groups:
             self._group_members.append(list(range(index, index + len(group["params"]))))
             index += len(group["params"])
-        self._state: Dict[int, Dict[str, Any]] = {}  # the whole state in the plain format, valid while _whole
-        self._whole = True
+        self.rank = hvd.rank()
+        self._state: Optional[Dict[int, Dict[str, Any]]] = None  # rank 0: the whole state, for one state_dict()
+        self._stepped = False  # the shard's state changed since it was created
 
     # --- what callers of a torch optimizer use ------------------------------------------------------------------
     @property
@@ -94,7 +96,7 @@ class ShardedOptimizer:
             raise ValueError("--shard-optimizer takes no closure")
         self._load_pieces()
         self.inner.step()
-        self._whole = False
+        self._stepped = True
         self._publish()
 
     @torch.no_grad()
@@ -117,10 +119,16 @@ class ShardedOptimizer:
             p.copy_(whole[a:b].view_as(p))
 
     # --- state: the plain optimizer's format ------------------------------------------------------------------
+    def held_elements(self) -> int:
+        """Elements of optimizer state this rank holds now: its shard's, plus the whole state while rank 0 holds it
+        for a checkpoint."""
+        def count(states) -> int:
+            return sum(v.numel() for s in states for v in s.values() if torch.is_tensor(v))
+        return count(self.inner.state.values()) + count((self._state or {}).values())
+
     def gather_state(self) -> None:
-        """Collective: every rank's shard of the optimizer state to every rank, as the plain optimizer's state."""
-        if self._whole:
-            return
+        """Collective: every rank's shard of the optimizer state to rank 0, as the plain optimizer's state, for one
+        :meth:`state_dict`; the other ranks keep none of it."""
         layout = self.layout
         state: Dict[int, Dict[str, Any]] = {i: {} for i in range(len(self.params))}
         first = self.inner.state.get(self.pieces[0], {})
@@ -130,23 +138,30 @@ class ShardedOptimizer:
                 shard = torch.zeros(layout.shard, dtype=value.dtype, device=self.device)
                 for piece, (a, b) in zip(self.pieces, self.ranges):
                     shard[a:b] = self.inner.state[piece][key]
-                # Horovod: the state shards to every rank (a checkpoint holds the whole state).
+                # Horovod: the state shards to every rank (Horovod has no gather); only rank 0 keeps them.
                 whole = self.hvd.allgather(shard, name=f"hvdtrain.shard.state.{key}")
-                for i, a, b in layout.param_slices():
-                    state[i][key] = whole[a:b].view_as(self.params[i]).clone()
-            else:  # per parameter and equal on every piece (Adam's step count)
+                if self.rank == 0:
+                    for i, a, b in layout.param_slices():
+                        state[i][key] = whole[a:b].view_as(self.params[i]).clone()
+                del whole
+            elif self.rank == 0:  # per parameter and equal on every piece (Adam's step count)
                 for i in state:
                     state[i][key] = value.clone() if torch.is_tensor(value) else value
-        self._state = {i: s for i, s in state.items() if s}
-        self._whole = True
+        self._state = {i: s for i, s in state.items() if s} if self.rank == 0 else None
 
     def state_dict(self) -> Dict[str, Any]:
-        if not self._whole:
+        """The whole state in the plain optimizer's format, once: rank 0 after :meth:`gather_state` (or a load),
+        which then frees it; the state as created while nothing has stepped."""
+        if self._state is not None:
+            state, self._state = self._state, None
+        elif not self._stepped:
+            state = {}
+        else:
             raise RuntimeError("the sharded optimizer's state is spread over the ranks: every rank must call "
-                               "gather_state() before state_dict()")
+                               "gather_state() before rank 0 calls state_dict()")
         groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": members}
                   for group, members in zip(self.inner.param_groups, self._group_members)]
-        return {"state": dict(self._state), "param_groups": groups}
+        return {"state": state, "param_groups": groups}
 
     @torch.no_grad()
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -172,6 +187,7 @@ class ShardedOptimizer:
                 else:
                     for piece in self.pieces:
                         self.inner.state[piece][key] = value.clone() if torch.is_tensor(value) else value
+        # Rank 0 keeps the whole state for the broadcast that follows a checkpoint's load (state_dict() frees it).
         self._state = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
-                       for i, s in state.items()}
-        self._whole = True
+                       for i, s in state.items()} if self.rank == 0 and state else None
+        self._stepped = bool(state)

@@ -1,4 +1,5 @@
-"""Launch the distributed suites (tests/dist) the way Horovod's CI does: 2 ranks, one framework per job."""
+"""Launch the distributed suites (tests/dist) the way Horovod's CI does: 2 ranks, one framework per job; the sharded
+update and MXNet's float16 path at 3 ranks too."""
 import pytest
 
 from tests.helpers import PY, describe, have_mpirun, horovodrun, mpirun, run
@@ -17,3 +18,13 @@ def test_dist_suite(framework, launcher):
     assert result.returncode == 0, describe(result)
     assert result.output.count(" passed") >= 2, "both ranks must report their tests passed\n" + describe(result)
     assert " failed" not in result.output, describe(result)
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_sharded_and_float16_suites_at_three_ranks(framework):
+    # 676 weights over 3 ranks: the padded last shard, and shard boundaries inside other parameters than at 2.
+    files = ["tests/dist/test_sharded_optimizer.py"] + (["tests/dist/test_mxnet_fp16.py"] if framework == "mxnet" else [])
+    result = run(horovodrun(3, PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "--framework", framework),
+                 timeout=300)
+    assert result.returncode == 0, describe(result)
+    assert result.output.count(" passed") >= 3 and " failed" not in result.output, describe(result)
