@@ -20,6 +20,8 @@ def error_lines(result):
     (["recipe", "no.such.module:Trainer"], "cannot import recipe module 'no.such.module'"),
     (["recipe"], "recipe needs a NAME"),
     (["frobnicate"], "unknown command 'frobnicate'"),
+    (["export", "runs/x", "--output", "model.pt"], "--output names the directory the export writes its files into"),
+    (["eval"], "eval needs a SOURCE"),
 ])
 def test_bad_command_lines_exit_2_with_one_line(args, fragment, tmp_path):
     result = run(hvdtrain(*args, *(["--output-dir", str(tmp_path / "out")] if len(args) > 2 else [])), timeout=120)
@@ -48,6 +50,34 @@ def test_list_and_help():
     assert listed.returncode == 0 and "mnist" in listed.stdout
     helped = run(hvdtrain("recipe", "mnist", "--help"), timeout=120)
     assert helped.returncode == 0 and "--batch-size BATCH_SIZE" in helped.stdout and "--max-shift" in helped.stdout
+    usage = run(hvdtrain("--help"), timeout=120)
+    from hvdtrain.bench import BENCHMARKS
+    assert usage.returncode == 0 and f"bench {'|'.join(BENCHMARKS)}" in usage.stdout, usage.stdout
+    assert {"network", "convergence", "amp"} <= set(BENCHMARKS)
+    for command in ("export", "eval"):  # help, not "needs a SOURCE"
+        helped = run(hvdtrain(command, "--help"), timeout=120)
+        assert helped.returncode == 0 and helped.stdout.startswith(f"usage: python -m hvdtrain {command} SOURCE"), \
+            describe(helped)
+
+
+def test_a_float16_run_is_evaluated_on_a_cpu(tmp_path):
+    # Trained in fp16 (a GPU's auto; the CPU stand-in here), evaluated where there is no GPU: eval resolves the
+    # precision for its own host instead of refusing the run's fp16.
+    run_dir = str(tmp_path / "run")
+    trained = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", "mxnet",
+                                          "--half-ops", "--epochs", "1", "--output-dir", run_dir)),
+                  timeout=180, HVDTRAIN_GPU_STAND_IN="fp16")
+    assert trained.returncode == 0 and " fp16 (auto: a GPU" in trained.stdout, describe(trained)
+    result = run(horovodrun(2, *hvdtrain("eval", run_dir, "--recipe", "tests.tiny_recipe:TinyTrainer")), timeout=180)
+    assert result.returncode == 0, describe(result)
+    import json
+    with open(os.path.join(run_dir, "eval", "eval.json")) as f:
+        out = json.load(f)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        last = json.loads(f.read().splitlines()[-1])
+    assert out["precision"] == "fp32" and out["count"] == 203, out
+    # the trained model's figures, computed in fp32 instead of fp16
+    assert abs(out["val_loss"] - last["val_loss"]) < 1e-2 and abs(out["val_accuracy"] - last["val_accuracy"]) < 0.02
 
 
 def test_user_trainer_class_by_module_path(tmp_path):
@@ -91,7 +121,7 @@ def test_crafted_yaml_config_is_refused_without_running_it(tmp_path):
     assert "is not plain YAML" in result.stderr and not target.exists()
 
 
-def test_mxnet_fp16_without_gpu_is_refused_before_horovod_starts(tmp_path):
+def test_mxnet_fp16_without_gpu_is_refused_on_every_rank(tmp_path):
     result = run(horovodrun(2, *hvdtrain("recipe", "tests.tiny_recipe:TinyTrainer", "--framework", "mxnet",
                                          "--precision", "fp16", "--output-dir", str(tmp_path / "out"))), timeout=120)
     assert result.returncode != 0
