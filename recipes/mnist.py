@@ -182,13 +182,12 @@ class MNISTTrainer(Trainer):
     def build_mxnet(self):
         from mxnet.gluon import nn
         cfg = self.cfg
+        # Layer for layer the PyTorch model (one block per operation, in the same order), so that both name their
+        # parameters alike ('0.weight', '9.weight'): a run of either framework exports to the other and to ONNX.
         net = nn.HybridSequential()
-        for channels in (32, 64):
-            if cfg.batch_norm:  # PyTorch's BatchNorm2d defaults: momentum 0.1 (Gluon's 0.9), epsilon 1e-5
-                net.add(nn.Conv2D(channels, 3, padding=1), nn.BatchNorm(momentum=0.9, epsilon=1e-5),
-                        nn.Activation("relu"), nn.MaxPool2D(2))
-            else:
-                net.add(nn.Conv2D(channels, 3, padding=1, activation="relu"), nn.MaxPool2D(2))
-        net.add(nn.Flatten(), nn.Dense(cfg.hidden, activation="relu"), nn.Dropout(cfg.dropout),
+        norm = (lambda: [nn.BatchNorm(momentum=0.9, epsilon=1e-5)]) if cfg.batch_norm else (lambda: [])
+        for channels in (32, 64):  # BatchNorm with PyTorch's BatchNorm2d defaults: momentum 0.1 (Gluon's 0.9), eps 1e-5
+            net.add(nn.Conv2D(channels, 3, padding=1), *norm(), nn.Activation("relu"), nn.MaxPool2D(2))
+        net.add(nn.Flatten(), nn.Dense(cfg.hidden), nn.Activation("relu"), nn.Dropout(cfg.dropout),
                 nn.Dense(self.num_classes))
         return net

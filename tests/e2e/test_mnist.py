@@ -69,3 +69,20 @@ def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path):
             RESULTS[(framework, "horovodrun")] = read_metrics(out)[-1]["val_accuracy"]
         acc[framework] = RESULTS[(framework, "horovodrun")]
     assert abs(acc["torch"] - acc["mxnet"]) <= 0.015, acc
+
+
+def test_the_mnist_models_cross_frameworks_and_export_to_onnx(digits, tmp_path):
+    # The two frameworks' models name their parameters alike: a PyTorch run exports to MXNet, an MXNet run to ONNX
+    # (through its PyTorch twin), each computing the trained logits.
+    for framework, fmt, target in (("torch", "native", "mxnet"), ("mxnet", "onnx", "torch")):
+        out = str(tmp_path / framework)
+        result = run([PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--data-dir", digits,
+                      "--output-dir", out, "--epochs", "1", "--max-steps", "10"], timeout=300)
+        assert result.returncode == 0, describe(result)
+        exported = run([PY, "-m", "hvdtrain", "export", out, "--format", fmt, "--framework", target,
+                        "--data-dir", digits], timeout=300)
+        assert exported.returncode == 0, describe(exported)
+        meta_dir = os.path.join(out, "export-onnx" if fmt == "onnx" else f"export-native-{target}")
+        with open(os.path.join(meta_dir, "model.json")) as f:
+            meta = json.load(f)
+        assert meta["max_abs_diff"] < 1e-4 * max(1.0, meta["logit_scale"]), meta
