@@ -2,6 +2,7 @@
 import os
 import subprocess
 
+import pytest
 import yaml
 
 from hvdtrain.config import parse_overrides
@@ -51,3 +52,30 @@ def test_shell_examples_parse_and_hostfile_has_slots():
     with open(os.path.join(CLUSTER, "hostfile.example")) as f:
         hosts = [line.split() for line in f if line.strip() and not line.startswith("#")]
     assert hosts and all(len(h) == 2 and h[1].startswith("slots=") for h in hosts)
+
+
+@pytest.mark.parametrize("case, expected", [("local", "ens5"), ("routed", "ib0"), ("loopback", "")])
+def test_slurm_script_finds_the_interface_to_the_first_node(case, expected, tmp_path):
+    # The script's route_iface, run with stand-ins for scontrol, getent and ip that describe a node whose interfaces
+    # are not eth0 (the e2e test's namespace hosts use eth0, which a hard-coded default would also give).
+    fake = {
+        "scontrol": 'echo node-a; echo node-b',
+        "getent": {"local": 'echo "10.1.0.5 STREAM node-a"', "routed": 'echo "10.9.0.7 STREAM node-a"',
+                   "loopback": 'echo "127.0.1.1 STREAM node-a"'}[case],
+        "ip": 'case "$*" in\n'
+              '  "-o -4 addr show") echo "1: lo    inet 127.0.0.1/8 scope host lo"; '
+              'echo "2: ens5    inet 10.1.0.5/24 brd 10.1.0.255 scope global ens5";;\n'
+              '  "-o route get 10.9.0.7") echo "10.9.0.7 via 10.1.0.1 dev ib0 src 10.1.0.5 uid 0";;\n'
+              'esac',
+    }
+    for name, body in fake.items():
+        path = tmp_path / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(0o755)
+    with open(os.path.join(CLUSTER, "slurm_train.sbatch")) as f:
+        text = f.read()
+    function = text[text.index("route_iface() {"):text.index("\n}\n", text.index("route_iface() {")) + 3]
+    result = subprocess.run(["bash", "-c", function + "route_iface | head -n1"], capture_output=True, text=True,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+                                 "SLURM_JOB_NODELIST": "node-[a-b]"}, timeout=30)
+    assert result.returncode == 0 and result.stdout.strip() == expected, result

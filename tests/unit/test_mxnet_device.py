@@ -93,3 +93,37 @@ def test_resnet_starts_with_pytorchs_initialisation_on_mxnet():
     bound = 1 / np.sqrt(512)  # the classifier's bias: uniform(+-1/sqrt(fan_in)) on both (10 values: no std to compare)
     for bias in (mine["fc.bias"], theirs["fc.bias"]):
         assert np.abs(bias).max() <= bound and np.abs(bias).max() > bound / 10
+
+
+def test_the_record_readers_augmentation_differs_per_epoch_and_rank(monkeypatch):
+    # MXNet's C++ ImageRecordIter draws its crops, flips and colours from seed_aug: the backend derives it from
+    # (--seed, epoch, rank), so no two epochs and no two ranks see the same augmentation stream.
+    from types import SimpleNamespace
+    seen = []
+
+    class Reader:
+        def __init__(self, **kw):
+            seen.append(kw)
+
+        def __iter__(self):
+            return iter([SimpleNamespace(data=[mx.nd.zeros((2, 3, 8, 8))], label=[mx.nd.zeros((2,))])])
+
+        def reset(self):
+            pass
+    monkeypatch.setattr(mx.io, "ImageRecordIter", Reader)
+    backend = MXNetBackend()
+    backend.mx, backend.ctx, backend.dtype, backend.size = mx, STAND_IN, "float32", 2
+    transform = SimpleNamespace(size=8, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2), min_area=0.5, flip=True,
+                                jitter=0.4, lighting=0.1)
+    seeds = {}
+    for rank in (0, 1):
+        for epoch in (0, 1):
+            backend.rank = rank
+            data = SimpleNamespace(rec_path="x.rec", idx_path="x.idx", transform=transform, seed=42, epoch=epoch)
+            next(backend._record_iter(data, 1, 2, 1))
+            seeds[(rank, epoch)] = seen[-1]["seed_aug"]
+            assert seen[-1]["part_index"] == rank and seen[-1]["num_parts"] == 2
+    assert len(set(seeds.values())) == 4, seeds
+    next(backend._record_iter(SimpleNamespace(rec_path="x.rec", idx_path="x.idx", transform=transform, seed=42,
+                                              epoch=1), 1, 2, 1))
+    assert seen[-1]["seed_aug"] == seeds[(1, 1)], "the same (seed, epoch, rank): the same stream, for a resume"
