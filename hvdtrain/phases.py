@@ -32,6 +32,11 @@ class PhaseTimer:
         self._since = 0.0
         self._timing = False
 
+    def configure(self, profile_every: int = 0, observer: Optional[Callable[[str], None]] = None) -> "PhaseTimer":
+        """Time every step (0) or each ``profile_every``-th with the device synchronised; tell ``observer``."""
+        self.profile_every, self.observer = profile_every, observer
+        return self
+
     def reset(self) -> None:
         """A new epoch: zero the sums."""
         self.totals: Dict[str, float] = {p: 0.0 for p in PHASES}

@@ -29,7 +29,7 @@ from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, steps_per_epoch
 from .faults import JobFailed, RankReporter, explain_failure, is_collective_failure, mark_reported
-from .phases import PHASES, PhaseTimer, summarize
+from .phases import PHASES, summarize
 from .report import autotune_best, format_autotune
 
 
@@ -143,7 +143,7 @@ class Trainer:
             self._forget_departed_ranks(backend.size)
         self.reporter.start()
         # Per-phase step times; the backend marks its phases on the same timer, which tells the heartbeat too.
-        self.phases = backend.phases = PhaseTimer(backend.synchronize, cfg.profile_steps, self.reporter.enter)
+        self.phases = backend.phases.configure(cfg.profile_steps, self.reporter.enter)
         self._timeline = "off"
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self._datasets()

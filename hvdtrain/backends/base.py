@@ -21,137 +21,14 @@ from __future__ import annotations
 
 import abc
 import json
-import os
-import socket
 import zlib
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
 from .. import precision as precisions
 from ..phases import PhaseTimer
-
-
-def own_cores() -> FrozenSet[int]:
-    """The CPU cores this process may run on (its affinity: what a launcher's binding or cgroup allows)."""
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return frozenset(range(os.cpu_count() or 1))
-
-
-def cpu_threads_per_rank(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
-                         slurm_cpus: int = 0) -> int:
-    """CPU threads for one rank: the cores it may use, divided among the ranks of its host that may use them too.
-
-    ``mine``: this rank's cores; ``host_ranks``: the cores of every rank on the host (this one included). Ranks that
-    share their cores (a launcher that binds nothing: every rank may use every core) split them, since each using
-    all of them oversubscribes the CPU (horovod#2804: 3x slower). Ranks bound to cores of their own (``mpirun
-    --bind-to core``, ``srun --cpu-bind=cores --cpus-per-task=8``) each use all of theirs. ``slurm_cpus``
-    (SLURM_CPUS_PER_TASK) caps the count at what Slurm allotted the task. ``requested`` (--threads) wins.
-    """
-    if requested > 0:
-        return requested
-    sharing = sum(1 for cores in host_ranks if cores & mine) or 1
-    threads = max(1, len(mine) // sharing)
-    return min(threads, slurm_cpus) if slurm_cpus > 0 else threads
-
-
-def slurm_cpus_per_task() -> int:
-    value = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    return int(value) if value.isdigit() else 0
-
-
-def estimated_threads(local_size: int, requested: int = 0) -> int:
-    """:func:`cpu_threads_per_rank` before the ranks can talk (MXNet reads its thread count when imported): ranks
-    whose affinity is the whole machine are taken to share it; a rank bound to fewer cores to own them."""
-    mine = own_cores()
-    unbound = len(mine) >= (os.cpu_count() or len(mine))
-    return cpu_threads_per_rank(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task())
-
-
-def gpu_for_rank(local_rank: int, local_size: int, gpus: int, visible: Optional[str]) -> int:
-    """The GPU (index among those this process sees) for a rank: its local rank, one rank per GPU as NCCL requires.
-
-    A launcher may give each rank a single GPU of its own (CUDA_VISIBLE_DEVICES per rank: Slurm's --gpus-per-task=1,
-    Kubernetes): the rank then sees one GPU and takes it. More ranks on a host than GPUs it sees is refused before
-    anything is placed (NCCL fails later with "Duplicate GPU detected", or two ranks share one GPU's memory).
-    ``visible``: the CUDA_VISIBLE_DEVICES value (None when unset).
-    """
-    from ..config import ConfigError
-    if local_rank < gpus:
-        return local_rank
-    if gpus == 1 and visible is not None and len([v for v in visible.split(",") if v.strip()]) == 1:
-        return 0
-    raise ConfigError(f"{local_size} ranks on this host but {gpus} GPU(s) visible to rank {local_rank}: Horovod's NCCL "
-                      f"operations need one rank per GPU; start at most {gpus} rank(s) per host (horovodrun -H "
-                      f"host:{gpus}, srun --ntasks-per-node={gpus}), or give each rank its own GPU "
-                      f"(CUDA_VISIBLE_DEVICES)")
-
-
-MAX_CORES_COMPARED = 1024
-"""Cores beyond this index are not compared between ranks (they still count for the rank's own threads)."""
-
-
-def host_key() -> float:
-    """A number naming this host, exact in a float64: the CRC-32 of its hostname and IPv4 addresses. The addresses
-    tell apart hosts that share a hostname (containers, network namespaces standing in for hosts)."""
-    try:
-        import psutil
-        addresses = sorted(a.address for nic in psutil.net_if_addrs().values() for a in nic
-                           if a.family == socket.AF_INET and not a.address.startswith("127."))
-    except Exception:  # noqa: BLE001 - the hostname alone then
-        addresses = []
-    return float(zlib.crc32(" ".join([socket.gethostname(), *addresses]).encode()))
-
-
-def encode_cores(cores: FrozenSet[int]) -> List[float]:
-    """A core set as MAX_CORES_COMPARED / 32 floats of 32 bits each (exact in float64), for an allgather."""
-    words = [0] * (MAX_CORES_COMPARED // 32)
-    for c in cores:
-        if c < MAX_CORES_COMPARED:
-            words[c // 32] |= 1 << (c % 32)
-    return [float(w) for w in words]
-
-
-def decode_cores(words: Sequence[float]) -> FrozenSet[int]:
-    return frozenset(i * 32 + b for i, w in enumerate(words) for b in range(32) if int(w) >> b & 1)
-
-
-def horovod_environment(cfg) -> None:
-    """Horovod settings that must be in the environment before hvd.init(); a user's own values win.
-
-    Horovod never shuts a stalled job down by default (the stall inspector only warns) and Gloo waits 30 s per
-    operation: both are bounded by ``--stall-timeout`` so that a stopped rank ends the job instead of hanging it.
-    """
-    timeout = str(cfg.stall_timeout)
-    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, cfg.stall_timeout // 2)))
-    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", timeout)
-    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
-    # hvdtrain's Horovod (scripts/patch_horovod.py, fix 3): an idle background thread waits for a tensor instead of
-    # negotiating every cycle, then lets one cycle time pass so that the other ranks' tensors are queued too
-    # (docs/benchmarks.md, "Horovod against DDP": it ties with negotiating at once, 2).
-    os.environ.setdefault("HOROVOD_IDLE_WAIT", "1")
-    if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
-        os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-    if cfg.autotune:
-        os.makedirs(cfg.output_dir, exist_ok=True)  # rank 0 opens the log in hvd.init()
-        os.environ["HOROVOD_AUTOTUNE"] = "1"
-        os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.abspath(os.path.join(cfg.output_dir, "autotune.csv")))
-
-
-def preload_image_codecs() -> None:
-    """Load Pillow's JPEG/PNG codecs before Horovod's framework library.
-
-    Horovod loads its extension with RTLD_GLOBAL, and libmxnet.so (which it links) exports its own libjpeg symbols:
-    when Pillow is imported after that, its decoder binds to MXNet's libjpeg and decodes JPEGs as zeros or fails with
-    "broken data stream". Importing PIL.Image first binds Pillow to its own libraries (extension modules are loaded
-    with RTLD_NOW).
-    """
-    try:
-        import PIL.Image  # noqa: F401
-    except ImportError:  # no Pillow: nothing to protect
-        pass
+from .resources import cpu_threads_per_rank, decode_cores, encode_cores, host_key, own_cores, slurm_cpus_per_task
 
 
 class Backend(abc.ABC):
@@ -169,14 +46,21 @@ class Backend(abc.ABC):
     asynchronous: bool = False
     """True when the host returns before the device has finished (MXNet's engine, CUDA): host clocks then measure
     launches, not work."""
-    phases: PhaseTimer = PhaseTimer()
-    """The Trainer's per-phase timer of the current step; the backend marks the phases of ``train_step`` on it."""
     precision: str = "fp32"
     """The precision this run computes in: ``--precision`` with auto resolved (:meth:`resolve_precision`)."""
     precision_reason: str = ""
     """Why: the flag, or what auto read (a GPU; the CPU's bf16 flags)."""
     slower_bf16: str = ""
     """Why this framework's bf16 is slower than its fp32 on a CPU even with native bf16 (auto then keeps fp32)."""
+
+    @property
+    def phases(self) -> PhaseTimer:
+        """This backend's per-phase timer of the current step (one per instance; the Trainer configures it):
+        ``train_step`` marks its phases on it."""
+        timer = self.__dict__.get("_phases")
+        if timer is None:
+            timer = self.__dict__["_phases"] = PhaseTimer(self.synchronize)
+        return timer
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     @abc.abstractmethod

@@ -28,17 +28,11 @@ import numpy as np
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
-from ..vision import RecordIODataset
-from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
+from .base import Backend
+from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
+                        preload_image_codecs)
+from .mxnet_records import MXNetRecords
 from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state, master_position, split_master
-
-
-def _launcher_local_size() -> int:
-    for var in ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return 1
 
 
 GPU_STAND_IN = "HVDTRAIN_GPU_STAND_IN"
@@ -117,6 +111,7 @@ class MXNetBackend(Backend):
         self.scaler: Optional[DynamicLossScale] = None
         self.dtype = "float32"
         self.sharded: Optional[MXNetShardedUpdate] = None
+        self.records: Optional[MXNetRecords] = None  # the RecordIO path (_records)
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
@@ -130,7 +125,7 @@ class MXNetBackend(Backend):
         # compare their cores and say when it oversubscribes them.
         user_omp = os.environ.get("OMP_NUM_THREADS", "")
         requested = cfg.threads or (int(user_omp) if user_omp.isdigit() and int(user_omp) > 0 else 0)
-        self.threads = estimated_threads(_launcher_local_size(), requested)
+        self.threads = estimated_threads(launcher_local_size(), requested)
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
@@ -415,35 +410,12 @@ class MXNetBackend(Backend):
         return x, y
 
     def check_data(self, train_set: Any, cfg) -> None:
-        if self._crop_defect(train_set) and self.rank == 0:
-            t = train_set.transform
-            print(f"hvdtrain: {train_set.rec_path} stores its images at the training size ({t.size}x{t.size}), where "
-                  f"MXNet 1.9.1's ImageRecordIter corrupts random-resized crops (it resizes the crop into the buffer "
-                  f"it reads from); reading it with hvdtrain's decoder instead, the PyTorch backend's pipeline. "
-                  f"Records stored larger than --image-size use the C++ reader", file=sys.stderr, flush=True)
-        if self._reads_records(train_set) and cfg.checkpoint_every_steps:
-            raise ConfigError("--checkpoint-every-steps is not available when MXNet trains from RecordIO: its C++ "
-                              "ImageRecordIter shuffles and augments in threads of its own, so a position inside an "
-                              "epoch cannot be replayed on resume; checkpoint at epoch ends (the default), or train "
-                              "from an ImageFolder (--data-format imagefolder)")
+        self._records().check(train_set, cfg)
 
-    def _reads_records(self, dataset: Any) -> bool:
-        """True for a training set that MXNet reads with its C++ ImageRecordIter."""
-        return (isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train
-                and not self._crop_defect(dataset))
-
-    def _crop_defect(self, dataset: Any) -> bool:
-        """Whether the records hold images of exactly the training size (sampled headers, once per file). There
-        MXNet 1.9.1's ImageRecordIter writes the resized crop into the image it is cropping from (cv::resize into a
-        destination of the same size reuses its buffer, src/io/image_aug_default.cc): measured, 46% of the crops of
-        32 px images trained at 32 px fell outside the configured area and aspect range, none at 33 px or more."""
-        if not (isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train):
-            return False
-        cache = self.__dict__.setdefault("_crop_defects", {})
-        if dataset.rec_path not in cache:
-            size = dataset.transform.size
-            cache[dataset.rec_path] = (size, size) in dataset.stored_sizes()
-        return cache[dataset.rec_path]
+    def _records(self) -> MXNetRecords:
+        if self.records is None:
+            self.records = MXNetRecords(self.mx, self.rank, self.size, self._to_device)
+        return self.records
 
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:
@@ -454,12 +426,8 @@ class MXNetBackend(Backend):
             return ((x, y) for _ in range(len(sampler) // batch_size))
         if isinstance(dataset, ArrayDataset):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
-        if self._reads_records(dataset):
-            if getattr(sampler, "offset", 0) and self.rank == 0:
-                print("hvdtrain: warning: resuming inside an epoch from RecordIO on MXNet: the rest of the epoch reads "
-                      "the record file in a fresh order (the C++ reader's order and augmentation cannot be replayed)",
-                      file=sys.stderr, flush=True)
-            return self._record_iter(dataset, len(sampler) // batch_size, batch_size, self.decode_threads(num_workers))
+        if self._records().reads(dataset):
+            return self.records.batches(dataset, sampler, batch_size, self.decode_threads(num_workers))
         loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
                                                num_workers=num_workers)
@@ -473,37 +441,6 @@ class MXNetBackend(Backend):
         if num_workers > 0:
             return num_workers
         return self.threads if self.on_gpu else 1
-
-    def _record_iter(self, dataset: RecordIODataset, steps: int, batch_size: int, threads: int) -> Iterator[Any]:
-        """Training batches from MXNet's C++ ImageRecordIter, this rank's part of the file (num_parts/part_index),
-        with the same augmentation as ImageTransform; exactly ``steps`` batches (the iterator restarts if a short
-        part runs out), so every rank runs the same number of steps."""
-        mx, t = self.mx, dataset.transform
-        mean, std = (255 * np.asarray(t.mean).ravel()), (255 * np.asarray(t.std).ravel())
-        it = mx.io.ImageRecordIter(
-            path_imgrec=dataset.rec_path, path_imgidx=dataset.idx_path, data_shape=(3, t.size, t.size),
-            batch_size=batch_size, shuffle=True, seed=dataset.seed + dataset.epoch,
-            # Crops, flips and colours from (--seed, epoch, rank): without it the same stream every epoch and rank.
-            seed_aug=int(np.random.SeedSequence([dataset.seed, dataset.epoch, self.rank]).generate_state(1)[0] >> 1),
-            # Horovod: each rank reads its own part of the record file.
-            num_parts=self.size, part_index=self.rank,
-            random_resized_crop=True, min_random_area=t.min_area, max_random_area=1.0,
-            min_aspect_ratio=3 / 4, max_aspect_ratio=4 / 3, rand_mirror=t.flip,
-            # The same colour augmentation, MXNet's C++ implementation of it.
-            brightness=t.jitter, contrast=t.jitter, saturation=t.jitter, pca_noise=t.lighting,
-            mean_r=mean[0], mean_g=mean[1], mean_b=mean[2], std_r=std[0], std_g=std[1], std_b=std[2],
-            preprocess_threads=threads, round_batch=True)
-        done = 0
-        while done < steps:
-            before = done
-            for batch in it:
-                if done == steps:
-                    break
-                yield self._to_device((batch.data[0], batch.label[0]))
-                done += 1
-            if done == before:
-                raise RuntimeError(f"{dataset.rec_path}: part {self.rank} of {self.size} holds no records")
-            it.reset()
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend, estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
+from .base import Backend
+from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
 from .torch_groups import distributed_optimizer
 from .torch_sharded import ShardedOptimizer
 

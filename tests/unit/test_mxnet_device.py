@@ -111,19 +111,18 @@ def test_the_record_readers_augmentation_differs_per_epoch_and_rank(monkeypatch)
         def reset(self):
             pass
     monkeypatch.setattr(mx.io, "ImageRecordIter", Reader)
-    backend = MXNetBackend()
-    backend.mx, backend.ctx, backend.dtype, backend.size = mx, STAND_IN, "float32", 2
+    from hvdtrain.backends.mxnet_records import MXNetRecords
     transform = SimpleNamespace(size=8, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2), min_area=0.5, flip=True,
                                 jitter=0.4, lighting=0.1)
     seeds = {}
     for rank in (0, 1):
         for epoch in (0, 1):
-            backend.rank = rank
+            records = MXNetRecords(mx, rank, 2, lambda batch: batch)
             data = SimpleNamespace(rec_path="x.rec", idx_path="x.idx", transform=transform, seed=42, epoch=epoch)
-            next(backend._record_iter(data, 1, 2, 1))
+            next(records.iterate(data, 1, 2, 1))
             seeds[(rank, epoch)] = seen[-1]["seed_aug"]
             assert seen[-1]["part_index"] == rank and seen[-1]["num_parts"] == 2
     assert len(set(seeds.values())) == 4, seeds
-    next(backend._record_iter(SimpleNamespace(rec_path="x.rec", idx_path="x.idx", transform=transform, seed=42,
+    next(records.iterate(SimpleNamespace(rec_path="x.rec", idx_path="x.idx", transform=transform, seed=42,
                                               epoch=1), 1, 2, 1))
     assert seen[-1]["seed_aug"] == seeds[(1, 1)], "the same (seed, epoch, rank): the same stream, for a resume"

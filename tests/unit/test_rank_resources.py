@@ -1,8 +1,8 @@
 """What each rank may use: threads from the cores it may run on (and the ranks that share them), and one GPU."""
 import pytest
 
-from hvdtrain.backends import base
-from hvdtrain.backends.base import cpu_threads_per_rank, decode_cores, encode_cores, estimated_threads
+from hvdtrain.backends import resources
+from hvdtrain.backends.resources import cpu_threads_per_rank, decode_cores, encode_cores, estimated_threads
 
 EIGHT = frozenset(range(8))
 
@@ -44,8 +44,8 @@ def test_core_sets_travel_exactly_as_floats():
     (range(4, 8), 4, 4),    # bound by the launcher to 4 cores of its own
 ])
 def test_estimate_before_the_ranks_can_talk(monkeypatch, affinity, local_size, expected):
-    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: set(affinity), raising=False)
-    monkeypatch.setattr(base.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: set(affinity), raising=False)
+    monkeypatch.setattr(resources.os, "cpu_count", lambda: 16)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
     assert estimated_threads(local_size) == expected
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
@@ -53,7 +53,7 @@ def test_estimate_before_the_ranks_can_talk(monkeypatch, affinity, local_size, e
 
 
 def test_one_rank_per_gpu_by_local_rank():
-    from hvdtrain.backends.base import gpu_for_rank
+    from hvdtrain.backends.resources import gpu_for_rank
     from hvdtrain.config import ConfigError
     assert [gpu_for_rank(r, 4, 4, None) for r in range(4)] == [0, 1, 2, 3]
     assert gpu_for_rank(3, 4, 1, "5") == 0, "a launcher that gives each rank one GPU of its own"
