@@ -111,6 +111,13 @@ class RankReporter:
         signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
         self._wakeup, self._wakeup_writer = ours, theirs
 
+    def forget_ranks_from(self, size: int) -> None:
+        """Remove the heartbeats of ranks ``size`` and up, left by an earlier, larger run in this output directory."""
+        for name in os.listdir(self.beat_dir) if os.path.isdir(self.beat_dir) else []:
+            stem = name[len("rank-"):-len(".json")] if name.startswith("rank-") and name.endswith(".json") else ""
+            if stem.isdigit() and int(stem) >= size:
+                os.unlink(os.path.join(self.beat_dir, name))
+
     def stop(self) -> None:
         """Stop the heartbeat thread, after one last heartbeat (a finished rank reads "done")."""
         self._stop.set()

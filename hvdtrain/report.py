@@ -14,12 +14,32 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional
 
+from . import schedule
 from .config import ConfigError
 from .faults import STALE_SECONDS, heartbeat_table, read_heartbeats
 from .phases import PHASES, format_phases, stragglers
 
 AUTOTUNE_FIELDS = ("hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce", "cache_enabled",
                    "cycle_time_ms", "tensor_fusion_threshold", "score")
+
+
+def announce(trainer, steps: int) -> None:
+    """Rank 0, at the start of training: the resolved configuration in OUTPUT_DIR/config.json and the start-up line."""
+    cfg, b = trainer.cfg, trainer.backend
+    with open(os.path.join(cfg.output_dir, "config.json"), "w") as f:
+        resolved = {**json.loads(cfg.to_json()), "recipe": trainer.name, "world_size": b.size,
+                    "threads_per_rank": b.threads, "steps_per_epoch": steps,
+                    "precision_requested": trainer.precision_requested, "precision_reason": b.precision_reason,
+                    "global_batch": trainer.global_batch}
+        json.dump(resolved, f, indent=2, sort_keys=True)
+    target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)
+    print(f"hvdtrain: {trainer.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
+          f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
+          + f" = {trainer.global_batch}; lr {cfg.base_lr:g} -> {target:g}; "
+          + (f"optimizer sharded over {b.size} ranks; " if cfg.shard_optimizer else "")
+          + f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
+    print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
+          f"phase", flush=True)
 
 
 def read_records(output_dir: str) -> List[Dict[str, Any]]:

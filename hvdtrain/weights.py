@@ -192,9 +192,9 @@ def read(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         raise WeightsError(f"{path} does not exist")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npz":
+        from .checkpointer import read_model  # the checkpoint format's one reader
         try:
-            state = checkpoint.load(path)
-            meta, arrays = state["trainer"], state["backend"]["model"]
+            meta, arrays = read_model(path)
         except checkpoint.CheckpointError as e:
             raise WeightsError(str(e)) from None
         except (KeyError, TypeError):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import json
 import zlib
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -229,6 +229,21 @@ class Backend(abc.ABC):
         """A JSON-able value from ``root`` to every rank (other ranks pass anything, e.g. None)."""
         data = json.dumps(obj).encode() if self.rank == root else None
         return json.loads(self.broadcast_bytes(data, root).decode())
+
+    def root_decides(self, decide: Callable[[], Any], collective: bool = True, everywhere: bool = False,
+                     error: Optional[type] = None) -> Any:
+        """Rank 0 decides, every rank learns the verdict and raises the same error. ``decide()`` runs on rank 0 (on
+        every rank with ``everywhere``, each deciding alike by itself) and returns a JSON-able verdict; with
+        ``collective`` rank 0's verdict is broadcast (a collective on every rank). A verdict ``{"error": text}``
+        raises ``error(text)`` (ConfigError by default) on every rank that holds it. Returns the verdict (None on
+        ranks that neither decided nor heard)."""
+        verdict = decide() if self.rank == 0 or everywhere else None
+        if collective:
+            verdict = self.broadcast_object(verdict)  # Horovod: rank 0's verdict on every rank
+        if isinstance(verdict, dict) and "error" in verdict:
+            from ..config import ConfigError
+            raise (error or ConfigError)(verdict["error"])
+        return verdict
 
     def broadcast_tree(self, tree: Any, root: int = 0) -> Any:
         """A nested state (dicts, lists, numpy arrays, plain values) from ``root`` to every rank, in one broadcast of

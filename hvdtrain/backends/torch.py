@@ -203,8 +203,7 @@ class TorchBackend(Backend):
         # takes a step on a fresh optimizer).
         state = _elastic_state(self)
         self._elastic_state = state
-        self._committed = {"epoch": trainer.start_epoch, "offset": trainer.resume_offset,
-                           "global_step": trainer.global_step}
+        self._committed = trainer.position.as_dict()
 
         def on_reset():
             self.rank, self.size = hvd.rank(), hvd.size()

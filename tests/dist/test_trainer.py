@@ -101,8 +101,8 @@ def test_nonfinite_gradient_skips_the_step_on_every_rank(framework, precision, t
     after = fingerprint(backend.parameters_numpy())
     np.testing.assert_array_equal(before, after, err_msg="the step must be skipped")
     assert not backend.last_step_applied()
-    t._check_finite(out["loss"], 0)  # rank 1's loss is not finite, but nothing reached the weights:
-    assert not t._nonfinite_seen, "a step the scaler skipped must not bar the epoch's checkpoint"
+    t.health.observe(out["loss"], 1)  # rank 1's loss is not finite, but nothing reached the weights:
+    assert not t.health.seen, "a step the scaler skipped must not bar the epoch's checkpoint"
     assert_same_on_every_rank(backend, after, "weights after a skipped step")
     assert _scale(backend) == scale / 2, "the loss scale is halved"
     backend.train_step([_batch(backend, poison=False)])

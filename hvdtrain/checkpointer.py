@@ -1,0 +1,197 @@
+"""Checkpoints of a run: their format, when they are written, resume, and the initial load of ``--init-from``.
+
+One collaborator owned by the Trainer, called on every rank; rank 0 alone reads and writes files, and every decision
+it takes (resume or not, from where; the weights it loaded) reaches the other ranks before they act on it.
+
+The format: ``hvdtrain.checkpoint`` files (arrays plus a JSON skeleton, never a pickle) holding::
+
+    {"trainer": {"epoch", "offset", "global_step", "recipe", "framework", "world_size", "config"},
+     "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...})}
+
+``epoch`` epochs are complete, plus the first ``offset`` samples of the next one's order (a checkpoint inside an
+epoch); :class:`Position` is that triple with the global step, the one position training, elastic commits and
+checkpoints share.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from . import checkpoint, weights
+from .config import ConfigError
+
+
+@dataclass
+class Position:
+    """Where training stands: ``epoch`` epochs complete plus the first ``offset`` samples of the next epoch's order,
+    after ``global_step`` optimizer steps."""
+    epoch: int = 0
+    offset: int = 0
+    global_step: int = 0
+
+    def as_dict(self) -> Dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Position":
+        return cls(int(d["epoch"]), int(d.get("offset", 0)), int(d["global_step"]))
+
+
+def read_model(path: str) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
+    """(the trainer's metadata, the model's arrays by structural name) of the checkpoint at ``path``."""
+    state = checkpoint.load(path)
+    return state["trainer"], state["backend"]["model"]
+
+
+class Checkpointer:
+    def __init__(self, cfg, backend, recipe: str, reporter):
+        self.cfg, self.backend, self.recipe, self.reporter = cfg, backend, recipe, reporter
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self.cfg.output_dir, "checkpoints")
+
+    # --- writing ----------------------------------------------------------------------------------------------------
+    def save(self, at: Position) -> str:
+        """Rank 0: write a checkpoint of position ``at`` atomically and keep the newest K. Returns its path ("" when
+        a parameter is not finite and nothing was written)."""
+        self.reporter.progress(at.global_step, "checkpoint")
+        state = {"trainer": {"epoch": at.epoch, "offset": at.offset, "global_step": at.global_step,
+                             "recipe": self.recipe, "framework": self.backend.name,
+                             "world_size": self.backend.size, "config": json.loads(self.cfg.to_json())},
+                 "backend": self.backend.state_dict()}
+        bad = [name for name, value in state["backend"]["model"].items()
+               if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all()]
+        if bad:  # a NaN gradient that left the loss finite: the weights are gone, the last checkpoint is kept
+            print(f"hvdtrain: warning: not writing a checkpoint at step {at.global_step}: parameter {bad[0]} (and "
+                  f"{len(bad) - 1} more) holds NaN or infinite values", file=sys.stderr, flush=True)
+            return ""
+        path = checkpoint.save(self.directory, at.epoch, at.global_step, state)
+        checkpoint.prune(self.directory, self.cfg.keep_checkpoints)
+        return path
+
+    def _gather_and_save(self, at: Position) -> None:
+        # Horovod: state the ranks hold in parts (--shard-optimizer) comes together on rank 0, which writes.
+        self.backend.gather_state()
+        if self.backend.rank == 0:
+            self.save(at)
+
+    def epoch_end(self, at: Position, healthy: bool) -> None:
+        """Every rank, after an epoch (complete, or cut short by --max-steps at ``at``): a checkpoint where the
+        weights are healthy on every rank, and the elastic commit."""
+        if healthy:  # never a checkpoint of weights that a non-finite loss may have reached
+            self._gather_and_save(at)
+        self.commit(at, check=False)
+
+    def mid_epoch(self, at: Position, health) -> bool:
+        """Every rank, after a step inside an epoch: commit (elastic) and checkpoint where due; True when a run may
+        resume at ``at`` (the Trainer then reseeds the framework's generator)."""
+        cfg, step = self.cfg, at.global_step
+        resumable = False
+        if cfg.elastic and cfg.commit_every and step % cfg.commit_every == 0:
+            self.commit(at)
+            resumable = True
+        if cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0:
+            resumable = True
+            # Horovod: every rank takes part in the decision, rank 0 writes.
+            if health.everywhere(step):
+                self._gather_and_save(at)
+        return resumable
+
+    def commit(self, at: Position, check: bool = True) -> None:
+        """Elastic mode: remember ``at`` (and the backend's model and optimizer) as the point to roll back to when a
+        worker leaves or joins; with ``check``, then restart there at once if workers were added."""
+        if self.cfg.elastic:
+            self.backend.commit(at.as_dict())
+            if check:
+                self.backend.check_membership()
+
+    # --- reading ----------------------------------------------------------------------------------------------------
+    def restore(self) -> Position:
+        """Every rank: rank 0 picks and loads the checkpoint (--resume), every rank learns the outcome, then receives
+        rank 0's state. Elastic runs decide without a collective (a worker joining a running job would wait for
+        partners that never come): the elastic driver's sync broadcasts rank 0's state and position instead."""
+        info = self.backend.root_decides(self._load_on_root, collective=not self.cfg.elastic,
+                                         error=checkpoint.CheckpointError)
+        if info is None:
+            return Position()
+        if not self.cfg.elastic:
+            # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
+            self.backend.broadcast_state()
+        return Position.from_dict(info)
+
+    def _load_on_root(self) -> Optional[Dict[str, Any]]:
+        cfg = self.cfg
+        removed = checkpoint.clean_temporaries(self.directory)
+        if removed:
+            print(f"hvdtrain: removed {len(removed)} temporary file(s) left by an interrupted checkpoint write",
+                  file=sys.stderr)
+        if cfg.resume == "never":
+            self._set_aside_previous_run()
+            return None
+        path = (checkpoint.latest_valid(self.directory, warn=lambda m: print(f"hvdtrain: warning: {m}",
+                                                                            file=sys.stderr))
+                if cfg.resume == "auto" else cfg.resume)
+        if path is None:
+            return None
+        try:
+            state = checkpoint.load(path)
+            meta = state["trainer"]
+            if meta["framework"] != self.backend.name or meta["recipe"] != self.recipe:
+                raise checkpoint.CheckpointError(
+                    f"{path} was written by recipe {meta['recipe']} on {meta['framework']}, not {self.recipe} on "
+                    f"{self.backend.name}; pass --resume never or another --output-dir")
+            self.backend.load_state_dict(state["backend"])
+        except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
+            return {"error": f"cannot resume from {path}: {e}"}
+        print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
+        return {**Position(int(meta["epoch"]), int(meta.get("offset", 0)), int(meta["global_step"])).as_dict(),
+                "path": path}
+
+    def _set_aside_previous_run(self) -> None:
+        """--resume never in a directory that holds an earlier run: move its checkpoints and metrics to
+        previous-TIMESTAMP/ rather than overwrite or prune them (they may be newer by name than this run's)."""
+        old = [p for p in (self.directory, os.path.join(self.cfg.output_dir, "metrics.jsonl")) if os.path.exists(p)]
+        if not checkpoint.list_checkpoints(self.directory) or not old:
+            return
+        target = os.path.join(self.cfg.output_dir, time.strftime("previous-%Y%m%d-%H%M%S"))
+        os.makedirs(target, exist_ok=True)
+        for path in old:
+            os.replace(path, os.path.join(target, os.path.basename(path)))
+        print(f"hvdtrain: --resume never: the earlier run's checkpoints and metrics were moved to {target}",
+              file=sys.stderr)
+
+    def init_from(self, evaluating: bool = False) -> None:
+        """--init-from: rank 0 reads the weights and fits them to the model (renamed from the other framework where
+        needed); every rank then takes rank 0's model. Elastic runs, which must not add collectives, read on every
+        rank. Optimizer state stays fresh. ``evaluating``: a classifier of another class count is refused (it
+        would score untrained) instead of starting fresh."""
+        b, path = self.backend, self.cfg.init_from
+
+        def load() -> Dict[str, Any]:
+            try:
+                arrays, source = weights.read(path)
+                fitted, kept = weights.fit(b.model_arrays(), arrays, path, to=b.weight_naming)
+                if kept and evaluating:
+                    raise weights.WeightsError(f"{path} has another class count than the model ({', '.join(kept)}): "
+                                               f"evaluating it would score an untrained classifier; pass the "
+                                               f"recipe's --num-classes for these weights")
+                b.assign_model_arrays(fitted)
+                return {"kept": kept, "count": len(fitted), "framework": source.get("framework") or "unknown"}
+            except weights.WeightsError as e:
+                return {"error": f"--init-from: {e}"}
+        info = b.root_decides(load, collective=not self.cfg.elastic, everywhere=self.cfg.elastic, error=ConfigError)
+        if not self.cfg.elastic:
+            # Horovod: rank 0's weights (and its fresh optimizer state) on every rank.
+            b.broadcast_state()
+        if b.rank == 0:
+            kept = info["kept"]
+            print(f"hvdtrain: initialised from {path} ({info['framework']} weights, {info['count'] - len(kept)} of "
+                  f"{info['count']} arrays)" + (f"; the classifier ({', '.join(kept)}) has another class count "
+                                                f"there and starts fresh" if kept else ""), flush=True)

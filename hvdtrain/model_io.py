@@ -1,0 +1,130 @@
+"""A trained model outside the training loop: ``eval`` (under Horovod, like training), ``export`` (no Horovod) to a
+framework's own formats or ONNX, and the recipe's model built offline with given weights.
+
+Functions of a :class:`~hvdtrain.trainer.Trainer` (its recipe contract: builders, datasets, ``input_shape``,
+``preprocessing``); ``Trainer.run_eval`` and ``Trainer.export`` are the entry points the CLI calls.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Tuple
+
+import numpy as np
+
+from . import weights
+from .config import ConfigError
+
+
+def run_eval(trainer) -> Dict[str, Any]:
+    """Evaluate --init-from's weights on the validation set under Horovod (each sample once over all ranks), with
+    fit()'s failure handling; rank 0 prints the figures and writes OUTPUT_DIR/eval.json."""
+    def work():
+        trainer.setup(restore=False)
+        b, cfg = trainer.backend, trainer.cfg
+        metrics, count = trainer.evaluation()
+        out = {**metrics, "count": count, "world_size": b.size, "framework": b.name, "source": cfg.init_from,
+               "precision": cfg.precision}
+        if b.rank == 0:
+            with open(os.path.join(cfg.output_dir, "eval.json"), "w") as f:
+                json.dump(out, f, indent=2)
+            top5 = f", val_top5 {100 * out['val_top5']:.2f}%" if out.get("val_top5") is not None else ""
+            print(f"hvdtrain: eval: val_loss {out['val_loss']:.6f}, val_accuracy {100 * out['val_accuracy']:.2f}%"
+                  f"{top5} over {out['count']} samples on {out['world_size']} worker(s); "
+                  f"{cfg.output_dir}/eval.json", flush=True)
+        return out
+    return trainer.guarded(work)
+
+
+def sample_inputs(trainer, framework: str, n: int = 8) -> Tuple[np.ndarray, str]:
+    """Up to ``n`` validation inputs (float32, the model's preprocessing applied) and where they came from; a
+    seeded normal batch where the recipe's data is not at hand."""
+    try:
+        _, val = trainer.datasets_for(framework, world_size=1)
+        if val is not None and len(val):
+            xs = [np.asarray(val[i][0], np.float32) for i in range(min(n, len(val)))]
+            return np.stack(xs), f"{len(xs)} validation samples"
+    except (ConfigError, OSError) as e:
+        why = str(e)
+    else:
+        why = "no validation set"
+    shape = trainer.input_shape or ()
+    return (np.random.default_rng(0).standard_normal((n,) + tuple(shape)).astype(np.float32),
+            f"{n} random inputs ({why})")
+
+
+def offline_model(trainer, backend, arrays: Dict[str, np.ndarray], source: str):
+    """The recipe's model on ``backend`` (not initialised: no Horovod), holding ``arrays``."""
+    model = backend.prepare_model(trainer.framework_hook("build", backend.name)(), trainer.input_shape)
+    fitted, kept = weights.fit(backend.model_arrays(model), arrays, source, to=backend.weight_naming)
+    if kept:
+        raise weights.WeightsError(f"{source} has another class count than the model ({', '.join(kept)}); "
+                                   f"pass --num-classes")
+    backend.assign_model_arrays(fitted, model)
+    return model
+
+
+def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
+    """Write the weights in ``source`` as the recipe's model on --framework, in that framework's own formats
+    (``native``) or as ONNX (through a framework that exports it), plus model.json (recipe, classes, input,
+    preprocessing) and sample.npz (inputs and the logits of the source model, in the framework that wrote it).
+    No Horovod. Returns model.json's content, with the largest difference between the source's logits and the
+    exported model's (``max_abs_diff``)."""
+    from .backends import BACKENDS, backend_class
+    cfg = trainer.cfg
+    arrays, info = weights.read(source)
+    target = backend_class(cfg.framework)()
+    if fmt == "onnx" and not target.exports_onnx:
+        able = [n for n in BACKENDS if getattr(trainer, f"build_{n}", None) and _exports_onnx(n)]
+        if not able:
+            raise ConfigError(f"recipe {trainer.name} has no model on a framework that exports ONNX")
+        target = backend_class(able[0])()
+    model = offline_model(trainer, target, arrays, source)
+    x, what = sample_inputs(trainer, target.name)
+    logits = target.predict(model, x)
+    reference, ref_framework = logits, target.name
+    if info.get("framework") in BACKENDS and info["framework"] != target.name:
+        ref_backend = backend_class(info["framework"])()
+        reference = ref_backend.predict(offline_model(trainer, ref_backend, arrays, source), x)
+        ref_framework = ref_backend.name
+    os.makedirs(directory, exist_ok=True)
+    if fmt == "onnx":
+        target.export_onnx(model, os.path.join(directory, "model.onnx"), trainer.input_shape)
+        files = {"onnx": "model.onnx"}
+        logits = onnxruntime_logits(os.path.join(directory, "model.onnx"), x)
+    else:
+        files = target.export_native(model, directory, trainer.input_shape)
+    np.savez(os.path.join(directory, "sample.npz"), inputs=x, logits=reference)
+    head = [np.shape(arrays[n])[0] for n in weights.classifier(arrays) if len(np.shape(arrays[n])) == 2]
+    meta = {"format": "hvdtrain-export", "kind": fmt, "framework": target.name if fmt == "native" else "onnx",
+            "recipe": trainer.name, "model": getattr(cfg, "model", None),
+            "num_classes": head[0] if head else None, "input_shape": list(trainer.input_shape),
+            "input": "float32 N x " + " x ".join(map(str, trainer.input_shape)) + ", preprocessed as below",
+            "output": "logits (unnormalised class scores)", "preprocessing": trainer.preprocessing(),
+            **files, "source": info.get("path", source), "source_framework": info.get("framework"),
+            "epoch": info.get("epoch"), "config": json.loads(cfg.to_json()),
+            "sample": {"file": "sample.npz", "inputs": what, "logits_from": ref_framework},
+            "max_abs_diff": float(np.abs(logits - reference).max()),
+            "logit_scale": float(np.abs(reference).max())}
+    with open(os.path.join(directory, "model.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def _exports_onnx(framework: str) -> bool:
+    from .backends import backend_class
+    try:
+        return backend_class(framework).exports_onnx
+    except ImportError:  # that framework is not installed
+        return False
+
+
+def onnxruntime_logits(path: str, x: np.ndarray) -> np.ndarray:
+    """``x`` through the ONNX file at ``path`` with onnxruntime (the onnx extra)."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("--format onnx needs the onnx extra: pip install 'hvdtrain[onnx]' "
+                          "(onnx, onnxscript, onnxruntime)") from None
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
