@@ -29,9 +29,10 @@ model files, model.json (recipe, classes, input, preprocessing) and sample.npz (
 EVAL_USAGE = """usage: python -m hvdtrain eval SOURCE [--output-dir DIR] [--recipe NAME] [--option value ...]
 
 Evaluate the weights in SOURCE (a run directory, a checkpoint, an export, a .pt or .params file) on the recipe's
-validation set, every sample once over all ranks; launch it like training (horovodrun, mpirun, srun). The precision
-is resolved for the host it runs on (--precision auto by default), not taken from the training run. Rank 0 prints the
-figures and writes DIR/eval.json (default: RUN_DIR/eval)."""
+validation set, every sample once over all ranks; launch it like training (horovodrun, mpirun, srun). A run trained in
+fp32 is evaluated in fp32; one trained in a reduced precision (a GPU's fp16, a CPU's bf16) in what --precision auto
+picks on the host eval runs on (--precision overrides both). Rank 0 prints the figures and writes DIR/eval.json
+(default: RUN_DIR/eval)."""
 
 USAGE = """usage: python -m hvdtrain COMMAND ...
 
@@ -188,8 +189,10 @@ def cmd_eval(argv: List[str]) -> int:
     argv = list(argv)
     output = _pop_option(argv, "--output-dir")
     cls, base, rest, source, info = _from_source("eval", argv)
-    # The precision of this host, not the training run's (a GPU's fp16 run is evaluated on a CPU too).
-    cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision="auto"))
+    # A reduced precision (a GPU's fp16, a CPU's bf16) is resolved again for the host eval runs on, so that a GPU's
+    # run is evaluated on a CPU too; fp32 stays fp32 (every host computes it, and the figures stay the run's).
+    precision = base.precision if base.precision == "fp32" else "auto"
+    cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision=precision))
     if not output:
         output = (os.path.join(_run_dir(info), "eval") if _run_dir(info)
                   else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
