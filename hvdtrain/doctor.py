@@ -111,6 +111,16 @@ def _system() -> List[Row]:
     except AttributeError:
         cores = os.cpu_count() or 1
     rows.append(("ok", "cpu cores", str(cores), ""))
+    from .backends.resources import cgroup_cpu_quota
+    quota = cgroup_cpu_quota()
+    if quota is None:
+        rows.append(("ok", "cpu quota", "none (no cgroup CPU limit)", ""))
+    else:
+        level = "warn" if quota[0] < cores else "ok"
+        rows.append((level, "cpu quota", f"{quota[0]:g} core(s) ({quota[1]}), fewer than the {cores} cores this "
+                     f"process may run on" if level == "warn" else f"{quota[0]:g} core(s) ({quota[1]})",
+                     "hvdtrain sizes each rank's threads to the quota (config.json: threads_reason)"
+                     if level == "warn" else ""))
     gpus = []
     try:
         import torch

@@ -28,12 +28,13 @@ def announce(trainer, steps: int) -> None:
     cfg, b = trainer.cfg, trainer.backend
     with open(os.path.join(cfg.output_dir, "config.json"), "w") as f:
         resolved = {**json.loads(cfg.to_json()), "recipe": trainer.name, "world_size": b.size,
-                    "threads_per_rank": b.threads, "steps_per_epoch": steps,
+                    "threads_per_rank": b.threads, "threads_reason": b.threads_reason, "steps_per_epoch": steps,
                     "precision_requested": trainer.precision_requested, "precision_reason": b.precision_reason,
                     "global_batch": trainer.global_batch}
         json.dump(resolved, f, indent=2, sort_keys=True)
     target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)
-    print(f"hvdtrain: {trainer.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) on {b.device}; "
+    print(f"hvdtrain: {trainer.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) ({b.threads_reason}) "
+          f"on {b.device}; "
           f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
           + f" = {trainer.global_batch}; lr {cfg.base_lr:g} -> {target:g}; "
           + (f"optimizer sharded over {b.size} ranks; " if cfg.shard_optimizer else "")

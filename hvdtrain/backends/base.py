@@ -28,7 +28,8 @@ import numpy as np
 
 from .. import precision as precisions
 from ..phases import PhaseTimer
-from .resources import cpu_threads_per_rank, decode_cores, encode_cores, host_key, own_cores, slurm_cpus_per_task
+from .resources import (cgroup_cpu_quota, decode_cores, encode_cores, host_key, own_cores, slurm_cpus_per_task,
+                        thread_budget)
 
 
 class Backend(abc.ABC):
@@ -41,6 +42,8 @@ class Backend(abc.ABC):
     local_size: int = 1
     device: Any = None
     threads: int = 1
+    threads_reason: str = ""
+    """Which limit decided :attr:`threads` (the cores, Slurm's allotment, a cgroup quota, or the user)."""
     on_gpu: bool = False
     """True when the rank computes on a GPU."""
     asynchronous: bool = False
@@ -133,13 +136,20 @@ class Backend(abc.ABC):
         return bool(self.hvd.mpi_built())
 
     def threads_per_rank(self, requested: int = 0) -> int:
-        """:func:`cpu_threads_per_rank` from every rank's cores (one collective: every rank's host and affinity)."""
+        """:func:`thread_budget` from every rank's cores and cgroup (one collective: every rank's host, cgroup quota
+        and affinity); sets :attr:`threads_reason`."""
         if requested > 0:
+            self.threads_reason = "--threads or OMP_NUM_THREADS"
             return requested
-        mine = own_cores()
-        rows = self.allgather_floats([host_key()] + encode_cores(mine))
-        here = [decode_cores(row[1:]) for row in rows if row[0] == rows[self.rank][0]]
-        return cpu_threads_per_rank(mine, here, 0, slurm_cpus_per_task())
+        mine, quota = own_cores(), cgroup_cpu_quota()
+        group = float(zlib.crc32(quota[1].encode())) if quota else -1.0  # ranks under one quota share it
+        rows = self.allgather_floats([host_key(), group] + encode_cores(mine))
+        host = [row for row in rows if row[0] == rows[self.rank][0]]
+        here = [decode_cores(row[2:]) for row in host]
+        in_quota = sum(1 for row in host if row[1] == group) if quota else 1
+        threads, why = thread_budget(mine, here, 0, slurm_cpus_per_task(), quota, in_quota)
+        self.threads_reason = why
+        return threads
 
     def allreduce_groups(self, cfg) -> int:
         """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a

@@ -30,7 +30,7 @@ from ..data import ArrayDataset, Synthetic, array_batches
 from ..loss_scale import DynamicLossScale
 from .base import Backend
 from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
-                        preload_image_codecs)
+                        preload_image_codecs, user_threads)
 from .mxnet_records import MXNetRecords
 from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state, master_position, split_master
 
@@ -123,9 +123,10 @@ class MXNetBackend(Backend):
         # cores, from the launcher's local size and this rank's affinity; --threads, or an OMP_NUM_THREADS the user
         # set, wins. That is the count every MXNet thread uses and config.json reports; after hvd.init the ranks
         # compare their cores and say when it oversubscribes them.
-        user_omp = os.environ.get("OMP_NUM_THREADS", "")
-        requested = cfg.threads or (int(user_omp) if user_omp.isdigit() and int(user_omp) > 0 else 0)
-        self.threads = estimated_threads(launcher_local_size(), requested)
+        requested = cfg.threads or user_threads()
+        self.threads, self.threads_reason = estimated_threads(launcher_local_size(), requested)
+        if requested:
+            self.threads_reason = "--threads or OMP_NUM_THREADS"
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
@@ -139,7 +140,9 @@ class MXNetBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
+        reason = self.threads_reason
         shared = self.threads_per_rank(0)  # one collective on every rank: what the cores allow, compared
+        self.threads_reason = reason  # MXNet's threads are those fixed above
         if shared < self.threads and not requested and self.local_rank == 0:
             print(f"hvdtrain: warning: MXNet's threads were fixed at {self.threads} per rank when it started (before "
                   f"the ranks could compare their cores), but the ranks on this host share cores so that "

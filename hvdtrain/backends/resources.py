@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import zlib
-from typing import FrozenSet, List, Optional, Sequence
+from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 
 def own_cores() -> FrozenSet[int]:
@@ -18,21 +18,105 @@ def own_cores() -> FrozenSet[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
-def cpu_threads_per_rank(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
-                         slurm_cpus: int = 0) -> int:
-    """CPU threads for one rank: the cores it may use, divided among the ranks of its host that may use them too.
+def thread_budget(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
+                  slurm_cpus: int = 0, quota: Optional[Tuple[float, str]] = None,
+                  quota_ranks: int = 1) -> Tuple[int, str]:
+    """CPU threads for one rank, and which limit decided: the cores it may use, divided among the ranks of its host
+    that may use them too, within what Slurm allotted and within the cgroup CPU quota.
 
     ``mine``: this rank's cores; ``host_ranks``: the cores of every rank on the host (this one included). Ranks that
     share their cores (a launcher that binds nothing: every rank may use every core) split them, since each using
     all of them oversubscribes the CPU (horovod#2804: 3x slower). Ranks bound to cores of their own (``mpirun
     --bind-to core``, ``srun --cpu-bind=cores --cpus-per-task=8``) each use all of theirs. ``slurm_cpus``
-    (SLURM_CPUS_PER_TASK) caps the count at what Slurm allotted the task. ``requested`` (--threads) wins.
+    (SLURM_CPUS_PER_TASK) caps the count at what Slurm allotted the task. ``quota`` (:func:`cgroup_cpu_quota`:
+    cores, where) caps it at the container's CPU limit, split among the ``quota_ranks`` ranks inside it (at least one
+    thread each). ``requested`` (--threads, or a user's OMP_NUM_THREADS) wins.
     """
     if requested > 0:
-        return requested
+        return requested, "requested"
     sharing = sum(1 for cores in host_ranks if cores & mine) or 1
     threads = max(1, len(mine) // sharing)
-    return min(threads, slurm_cpus) if slurm_cpus > 0 else threads
+    why = f"{len(mine)} core(s) this rank may use" + (f" shared by {sharing} ranks" if sharing > 1 else "")
+    if 0 < slurm_cpus < threads:
+        threads, why = slurm_cpus, f"SLURM_CPUS_PER_TASK={slurm_cpus}"
+    if quota is not None:
+        share = max(1, int(quota[0] / max(quota_ranks, 1)))
+        if share < threads:
+            threads, why = share, (f"the cgroup CPU quota of {quota[0]:g} core(s) ({quota[1]})"
+                                   + (f" shared by {quota_ranks} ranks" if quota_ranks > 1 else ""))
+    return threads, why
+
+
+def cpu_threads_per_rank(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
+                         slurm_cpus: int = 0) -> int:
+    """:func:`thread_budget`'s count without a quota."""
+    return thread_budget(mine, host_ranks, requested, slurm_cpus)[0]
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> Optional[Tuple[float, str]]:
+    """The CPU quota of this process's cgroup in cores, and where it was read, or None without one.
+
+    A container runtime's CPU limit (Kubernetes ``limits.cpu``, ``docker run --cpus``, Slurm's cgroup) is a quota
+    the affinity mask and os.cpu_count() do not show. cgroup v2: ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD"); v1:
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none) of the cpu controller. A quota set on a parent cgroup
+    limits its children too: the smallest along the path from the process's cgroup up to the root counts. Inside a
+    container whose cgroup namespace hides the path, the root seen there is the process's own cgroup."""
+    text = _read(proc_cgroup)
+    if text is None:
+        return None
+    best: Optional[Tuple[float, str]] = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2 unified hierarchy
+            base, files = root, ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            base = next((os.path.join(root, d) for d in (controllers, "cpu,cpuacct", "cpu")
+                         if os.path.isdir(os.path.join(root, d))), None)
+            if base is None:
+                continue
+            files = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        here = os.path.join(base, path.lstrip("/"))
+        if not os.path.isdir(here):  # a cgroup namespace: the root seen here is the process's cgroup
+            here = base
+        while True:
+            cores = _quota_at(here, files)
+            if cores is not None and (best is None or cores < best[0]):
+                best = (cores, os.path.join(here, files[0]))
+            if os.path.normpath(here) == os.path.normpath(base):
+                break
+            here = os.path.dirname(here)
+    return best
+
+
+def _quota_at(directory: str, files: Sequence[str]) -> Optional[float]:
+    if len(files) == 1:  # v2
+        value = _read(os.path.join(directory, files[0]))
+        fields = value.split() if value else []
+        if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]):
+            return int(fields[0]) / int(fields[1])
+        return None
+    quota, period = (_read(os.path.join(directory, f)) for f in files)
+    try:
+        q, p = int(quota), int(period)
+    except (TypeError, ValueError):
+        return None
+    return q / p if q > 0 and p > 0 else None
 
 
 def slurm_cpus_per_task() -> int:
@@ -40,12 +124,20 @@ def slurm_cpus_per_task() -> int:
     return int(value) if value.isdigit() else 0
 
 
-def estimated_threads(local_size: int, requested: int = 0) -> int:
-    """:func:`cpu_threads_per_rank` before the ranks can talk (MXNet reads its thread count when imported): ranks
-    whose affinity is the whole machine are taken to share it; a rank bound to fewer cores to own them."""
+def estimated_threads(local_size: int, requested: int = 0) -> Tuple[int, str]:
+    """:func:`thread_budget` before the ranks can talk (MXNet reads its thread count when imported): ranks whose
+    affinity is the whole machine are taken to share it; a rank bound to fewer cores to own them; a cgroup quota to
+    be shared by every rank of the host."""
     mine = own_cores()
     unbound = len(mine) >= (os.cpu_count() or len(mine))
-    return cpu_threads_per_rank(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task())
+    return thread_budget(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task(),
+                         cgroup_cpu_quota(), local_size)
+
+
+def user_threads() -> int:
+    """OMP_NUM_THREADS as the user set it (0: not set)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else 0
 
 
 def gpu_for_rank(local_rank: int, local_size: int, gpus: int, visible: Optional[str]) -> int:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches
 from .base import Backend
-from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs
+from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
 from .torch_groups import distributed_optimizer
 from .torch_sharded import ShardedOptimizer
 
@@ -120,9 +120,12 @@ class TorchBackend(Backend):
         else:
             self.device = torch.device("cpu")
         # Horovod: ranks on one host that share cores split them; all-cores-each oversubscribes them (horovod#2804).
-        self.cfg_threads = cfg.threads
-        self.threads = self.threads_per_rank(cfg.threads) if not cfg.elastic else \
-            estimated_threads(self.local_size, cfg.threads)  # elastic: a joining worker runs no extra collective
+        # A cgroup CPU quota (a container's limit) caps them too; --threads, or the user's OMP_NUM_THREADS, wins.
+        self.cfg_threads = cfg.threads or user_threads()
+        if cfg.elastic:  # a joining worker runs no extra collective
+            self.threads, self.threads_reason = estimated_threads(self.local_size, self.cfg_threads)
+        else:
+            self.threads = self.threads_per_rank(self.cfg_threads)
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(self.precision)
         if self.precision == "bf16" and not native_bf16 and self.rank == 0:
@@ -208,7 +211,7 @@ class TorchBackend(Backend):
         def on_reset():
             self.rank, self.size = hvd.rank(), hvd.size()
             self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-            self.threads = estimated_threads(self.local_size, self.cfg_threads)
+            self.threads, self.threads_reason = estimated_threads(self.local_size, self.cfg_threads)
             torch.set_num_threads(self.threads)
             print(f"hvdtrain: [rank {self.rank}] elastic reset: {self.size} worker(s) now", flush=True)
 

@@ -46,10 +46,26 @@ def test_core_sets_travel_exactly_as_floats():
 def test_estimate_before_the_ranks_can_talk(monkeypatch, affinity, local_size, expected):
     monkeypatch.setattr(resources.os, "sched_getaffinity", lambda pid: set(affinity), raising=False)
     monkeypatch.setattr(resources.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(resources, "cgroup_cpu_quota", lambda: None)
     monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
-    assert estimated_threads(local_size) == expected
+    assert estimated_threads(local_size)[0] == expected
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
-    assert estimated_threads(local_size) == 2
+    assert estimated_threads(local_size) == (2, "SLURM_CPUS_PER_TASK=2")
+    # a container limited to 2 cores on a 16-core host: 4 ranks share its quota, one thread each, and say why
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setattr(resources, "cgroup_cpu_quota", lambda: (2.0, "/sys/fs/cgroup/cpu.max"))
+    assert estimated_threads(local_size) == (1, "the cgroup CPU quota of 2 core(s) (/sys/fs/cgroup/cpu.max) shared "
+                                                "by 4 ranks")
+    assert estimated_threads(local_size, requested=3) == (3, "requested")  # --threads / OMP_NUM_THREADS win
+
+
+def test_a_quota_caps_the_threads_of_ranks_bound_or_not():
+    from hvdtrain.backends.resources import thread_budget
+    whole = frozenset(range(64))
+    assert thread_budget(whole, [whole], quota=(1.0, "q"))[0] == 1          # 1-core limit on a 64-core node
+    assert thread_budget(whole, [whole, whole], quota=(8.0, "q"), quota_ranks=2)[0] == 4  # 8 cores for 2 ranks
+    assert thread_budget(whole, [whole, whole], quota=(0.4, "q"), quota_ranks=2)[0] == 1  # at least one
+    assert thread_budget(frozenset({0, 1}), [frozenset({0, 1})], quota=(16.0, "q")) == (2, "2 core(s) this rank may use")
 
 
 def test_one_rank_per_gpu_by_local_rank():
@@ -61,3 +77,51 @@ def test_one_rank_per_gpu_by_local_rank():
         gpu_for_rank(2, 4, 2, None)
     with pytest.raises(ConfigError, match="one rank per GPU"):
         gpu_for_rank(1, 2, 1, None)  # two ranks on one GPU
+
+
+def _tree(tmp_path, proc, files):
+    (tmp_path / "proc").write_text(proc)
+    for rel, text in files.items():
+        path = tmp_path / "cg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path / "proc"), str(tmp_path / "cg")
+
+
+def test_the_cgroup_v2_quota_is_read_up_the_processs_path(tmp_path):
+    from hvdtrain.backends.resources import cgroup_cpu_quota
+    proc, root = _tree(tmp_path, "0::/kubepods/pod1/ctr\n", {
+        "kubepods/pod1/ctr/cpu.max": "max 100000\n",         # the container itself: no limit of its own
+        "kubepods/pod1/cpu.max": "250000 100000\n",          # the pod: 2.5 cores
+        "kubepods/cpu.max": "max 100000\n", "cpu.max": "max 100000\n"})
+    cores, where = cgroup_cpu_quota(proc, root)
+    assert cores == 2.5 and where.endswith("kubepods/pod1/cpu.max")
+
+
+def test_the_cgroup_v1_quota_and_the_smallest_along_the_path(tmp_path):
+    from hvdtrain.backends.resources import cgroup_cpu_quota
+    proc, root = _tree(tmp_path, "9:memory:/job\n4:cpu,cpuacct:/slurm/job7/task0\n", {
+        "cpu,cpuacct/slurm/job7/task0/cpu.cfs_quota_us": "50000\n",
+        "cpu,cpuacct/slurm/job7/task0/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/slurm/job7/cpu.cfs_quota_us": "400000\n", "cpu,cpuacct/slurm/job7/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"})
+    assert cgroup_cpu_quota(proc, root)[0] == 0.5
+
+
+@pytest.mark.parametrize("proc, files", [
+    ("0::/\n", {"cpu.max": "max 100000\n"}),                                  # v2, no limit
+    ("0::/a\n", {}),                                                          # v2, no cpu controller files
+    ("4:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}),
+    ("4:cpu,cpuacct:/x\n", {"cpu,cpuacct/x/cpu.cfs_quota_us": "garbage\n"}),  # unreadable
+])
+def test_no_quota_reads_as_none(tmp_path, proc, files):
+    from hvdtrain.backends.resources import cgroup_cpu_quota
+    assert cgroup_cpu_quota(*_tree(tmp_path, proc, files)) is None
+    assert cgroup_cpu_quota(str(tmp_path / "missing"), str(tmp_path)) is None
+
+
+def test_a_cgroup_namespace_reads_its_own_root(tmp_path):
+    # Inside a container the path in /proc/self/cgroup may not exist under /sys/fs/cgroup: the root seen is its own.
+    from hvdtrain.backends.resources import cgroup_cpu_quota
+    proc, root = _tree(tmp_path, "0::/../../kubepods/pod9\n", {"cpu.max": "100000 100000\n"})
+    assert cgroup_cpu_quota(proc, root)[0] == 1.0
