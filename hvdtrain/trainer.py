@@ -234,7 +234,10 @@ class Trainer:
         start, cpu_start = time.perf_counter(), time.process_time()  # CPU: every thread (loader, Horovod's)
         self.phases.reset()
         while done < steps and not self._reached_max_steps():
-            lr, out, resumable = self._step(batches, epoch, offset + done * self.global_batch, done, resumable)
+            # With --reseed checkpoint the framework's generator is reseeded only where a run can resume.
+            lr, out = self._step(batches, epoch, offset + done * self.global_batch, done,
+                                 reseed=cfg.reseed == "step" or done == 0 or resumable)
+            resumable = False
             sums = {k: sums.get(k, 0) + v for k, v in out.items()}
             done += 1
             if cfg.log_every and self.global_step % cfg.log_every == 0:
@@ -268,17 +271,16 @@ class Trainer:
             backend.check_membership()
         return record
 
-    def _step(self, batches, epoch: int, at: int, i: int, resumable: bool):
-        """One training step at sample ``at`` of the epoch's order (step ``i`` of this epoch here): (lr, the step's
-        backend-native metrics, False)."""
+    def _step(self, batches, epoch: int, at: int, i: int, reseed: bool) -> Tuple[float, Dict[str, Any]]:
+        """One training step at sample ``at`` of the epoch's order (step ``i`` of this epoch here), the framework's
+        generator reseeded with ``reseed``: (lr, the step's backend-native metrics)."""
         cfg, backend = self.cfg, self.backend
         self.reporter.step = self.global_step  # the heartbeat's phase comes from the timer, as it is entered
         self.timeline.before_step(self.global_step + 1)
         self.phases.begin_step(self.global_step + 1)
         # Every random number of a step derives from (seed, epoch, position, rank), the framework's too (dropout):
         # a run stopped after any step (--max-steps, a kill) and resumed there draws what it would have drawn.
-        # With --reseed checkpoint the framework's generator is reseeded only where a run can resume.
-        backend.seed(self._rank_seed(epoch, at), framework=cfg.reseed == "step" or i == 0 or resumable)
+        backend.seed(self._rank_seed(epoch, at), framework=reseed)
         lr = self.lr_at(epoch + at / len(self.train_set))
         backend.set_lr(lr)
         mixing = cfg.mixup > 0 and epoch < cfg.epochs - cfg.mixup_off_epoch
@@ -289,7 +291,7 @@ class Trainer:
         self.health.observe(out["loss"], self.global_step)
         for cb in self.callbacks:
             cb.on_step_end(self, epoch, i, self.global_step, lr)
-        return lr, out, False
+        return lr, out
 
     def _after(self, epoch: int, offset: int, done: int) -> Position:
         """The position after ``done`` steps of an epoch begun at sample ``offset``."""
