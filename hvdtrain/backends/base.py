@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import json
 import zlib
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -135,21 +135,18 @@ class Backend(abc.ABC):
         """Whether this Horovod was built with MPI (without it, mpirun and srun cannot form its world)."""
         return bool(self.hvd.mpi_built())
 
-    def threads_per_rank(self, requested: int = 0) -> int:
-        """:func:`thread_budget` from every rank's cores and cgroup (one collective: every rank's host, cgroup quota
-        and affinity); sets :attr:`threads_reason`."""
+    def threads_per_rank(self, requested: int = 0) -> Tuple[int, str]:
+        """:func:`thread_budget` (threads, which limit decided) from every rank's cores and cgroup (one collective:
+        every rank's host, cgroup quota and affinity)."""
         if requested > 0:
-            self.threads_reason = "--threads or OMP_NUM_THREADS"
-            return requested
+            return thread_budget(frozenset(), [], requested)
         mine, quota = own_cores(), cgroup_cpu_quota()
         group = float(zlib.crc32(quota[1].encode())) if quota else -1.0  # ranks under one quota share it
         rows = self.allgather_floats([host_key(), group] + encode_cores(mine))
         host = [row for row in rows if row[0] == rows[self.rank][0]]
         here = [decode_cores(row[2:]) for row in host]
         in_quota = sum(1 for row in host if row[1] == group) if quota else 1
-        threads, why = thread_budget(mine, here, 0, slurm_cpus_per_task(), quota, in_quota)
-        self.threads_reason = why
-        return threads
+        return thread_budget(mine, here, 0, slurm_cpus_per_task(), quota, in_quota)
 
     def allreduce_groups(self, cfg) -> int:
         """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a

@@ -32,7 +32,8 @@ from .base import Backend
 from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
                         preload_image_codecs, user_threads)
 from .mxnet_records import MXNetRecords
-from .mxnet_sharded import MXNetShardedUpdate, flatten_state as _flatten_state, master_position, split_master
+from .mxnet_sharded import (MXNetShardedUpdate, flatten_state as _flatten_state, join_master, master_position,
+                            split_master)
 
 
 GPU_STAND_IN = "HVDTRAIN_GPU_STAND_IN"
@@ -125,8 +126,6 @@ class MXNetBackend(Backend):
         # compare their cores and say when it oversubscribes them.
         requested = cfg.threads or user_threads()
         self.threads, self.threads_reason = estimated_threads(launcher_local_size(), requested)
-        if requested:
-            self.threads_reason = "--threads or OMP_NUM_THREADS"
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
@@ -140,9 +139,7 @@ class MXNetBackend(Backend):
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
-        reason = self.threads_reason
-        shared = self.threads_per_rank(0)  # one collective on every rank: what the cores allow, compared
-        self.threads_reason = reason  # MXNet's threads are those fixed above
+        shared, _ = self.threads_per_rank(0)  # one collective on every rank: what the cores allow, compared
         if shared < self.threads and not requested and self.local_rank == 0:
             print(f"hvdtrain: warning: MXNet's threads were fixed at {self.threads} per rank when it started (before "
                   f"the ranks could compare their cores), but the ranks on this host share cores so that "
@@ -512,7 +509,8 @@ class MXNetBackend(Backend):
             # A float16 run's checkpoint holds master copies a float32 run's lacks: either resumes the other.
             values, master = split_master(arrays, len(targets) - keeps, self._master_at, name)
             if keeps:
-                values.insert(self._master_at, master if master is not None else p.data(self.ctx).asnumpy())
+                values = join_master(values, master if master is not None else p.data(self.ctx).asnumpy(),
+                                     self._master_at)
             for target, value in zip(targets, values):
                 target[:] = nd.array(value, ctx=self.ctx, dtype=target.dtype)
         if self.sharded is not None:

@@ -61,6 +61,11 @@ def split_master(arrays: List[Any], n_state: int, position: int, name: str) -> T
                      f"with float16 master weights)")
 
 
+def join_master(state: List[Any], master: Any, position: int) -> List[Any]:
+    """The inverse of :func:`split_master`: a parameter's arrays with its master copy where the optimizer keeps it."""
+    return list(state[:position]) + [master] + list(state[position:])
+
+
 class MXNetShardedUpdate:
     def __init__(self, mx, hvd, named_params: List[Tuple[str, Any]], optimizer, first_index: int, ctx,
                  compression, predivide: float, name: Callable[[str], str]):
@@ -185,10 +190,9 @@ class MXNetShardedUpdate:
             del full
         if self.rank == 0:
             for name, master in zip(self.names, self.masters):
+                weights = whole[name].pop() if columns > self.n_state else None
                 if master:
-                    whole[name].insert(self.master_at, whole[name].pop())
-                elif columns > self.n_state:
-                    whole[name].pop()
+                    whole[name] = join_master(whole[name], weights, self.master_at)
         self._whole = whole if self.rank == 0 else None
 
     def state_arrays(self) -> Dict[str, List[np.ndarray]]:
@@ -227,6 +231,6 @@ class MXNetShardedUpdate:
                     target = flatten_state(state)[j] if j < self.n_state else weights
                     target[:] = nd.array(shard[a:b], ctx=self.ctx, dtype=target.dtype)
             if self.rank == 0 and keep_whole:
-                self._whole = {n: (c[:self.master_at] + [c[-1]] + c[self.master_at:-1]) if master else c[:-1]
+                self._whole = {n: join_master(c[:-1], c[-1], self.master_at) if master else c[:-1]
                                for (n, c), master in zip(columns.items(), self.masters)}
         self._stepped = bool(arrays)

@@ -18,6 +18,10 @@ def own_cores() -> FrozenSet[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+REQUESTED = "--threads or OMP_NUM_THREADS"
+"""The reason :func:`thread_budget` gives for a count the user set."""
+
+
 def thread_budget(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], requested: int = 0,
                   slurm_cpus: int = 0, quota: Optional[Tuple[float, str]] = None,
                   quota_ranks: int = 1) -> Tuple[int, str]:
@@ -33,7 +37,7 @@ def thread_budget(mine: FrozenSet[int], host_ranks: Sequence[FrozenSet[int]], re
     thread each). ``requested`` (--threads, or a user's OMP_NUM_THREADS) wins.
     """
     if requested > 0:
-        return requested, "requested"
+        return requested, REQUESTED
     sharing = sum(1 for cores in host_ranks if cores & mine) or 1
     threads = max(1, len(mine) // sharing)
     why = f"{len(mine)} core(s) this rank may use" + (f" shared by {sharing} ranks" if sharing > 1 else "")

@@ -125,7 +125,7 @@ class TorchBackend(Backend):
         if cfg.elastic:  # a joining worker runs no extra collective
             self.threads, self.threads_reason = estimated_threads(self.local_size, self.cfg_threads)
         else:
-            self.threads = self.threads_per_rank(self.cfg_threads)
+            self.threads, self.threads_reason = self.threads_per_rank(self.cfg_threads)
         torch.set_num_threads(self.threads)
         self.amp_dtype = _AMP_DTYPES.get(self.precision)
         if self.precision == "bf16" and not native_bf16 and self.rank == 0:

@@ -56,7 +56,7 @@ def test_estimate_before_the_ranks_can_talk(monkeypatch, affinity, local_size, e
     monkeypatch.setattr(resources, "cgroup_cpu_quota", lambda: (2.0, "/sys/fs/cgroup/cpu.max"))
     assert estimated_threads(local_size) == (1, "the cgroup CPU quota of 2 core(s) (/sys/fs/cgroup/cpu.max) shared "
                                                 "by 4 ranks")
-    assert estimated_threads(local_size, requested=3) == (3, "requested")  # --threads / OMP_NUM_THREADS win
+    assert estimated_threads(local_size, requested=3) == (3, "--threads or OMP_NUM_THREADS")  # the user's count wins
 
 
 def test_a_quota_caps_the_threads_of_ranks_bound_or_not():
