@@ -12,6 +12,7 @@ moves logits by their own order of magnitude.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -169,7 +170,7 @@ def test_init_from_another_class_count_loads_all_but_the_classifier(trained, pho
                       "--base-lr", "1e-30", "--max-steps", "1", "--init-from", out,
                       "--output-dir", run_dir, np_=2)
     assert "the classifier (fc.bias, fc.weight) has another class count there and starts fresh" in result.output
-    from hvdtrain import checkpoint, weights
+    from hvdtrain import weights
     source, _ = weights.read(out)
     loaded, _ = weights.read(run_dir)
     assert loaded["fc.weight"].shape == (5, 512) and source["fc.weight"].shape == (10, 512)
@@ -184,7 +185,11 @@ def test_init_from_another_architecture_is_refused_naming_the_parameter(trained,
            "--model", "resnet50_v1b", "--init-from", out, "--output-dir", str(tmp_path / "run")]
     result = run(horovodrun(2, *cmd), timeout=300)
     assert result.returncode != 0, describe(result)
-    for rank in (0, 1):  # one line on each rank, no traceback from a rank
-        assert (f"[rank {rank}] hvdtrain: error: --init-from: the model's parameter layer1.0.conv3.weight is not in"
-                in result.output), result.output
+    # Every rank raises the same one-line error; the launcher kills the rest as soon as the first one exits, so the
+    # job guarantees the line from at least one rank, and no traceback from any.
+    errors = [line for line in result.output.splitlines() if "hvdtrain: error:" in line]
+    assert errors, result.output
+    for line in errors:
+        assert re.search(r"\[rank [01]\] hvdtrain: error: --init-from: the model's parameter "
+                         r"layer1\.0\.conv3\.weight is not in", line), result.output
     assert "] Traceback" not in result.output
