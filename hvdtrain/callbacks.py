@@ -36,12 +36,24 @@ class Callback:
 
 
 def format_record(r: Dict[str, Any], epochs: int) -> str:
+    """An epoch's record as one line: losses, every val_ metric (accuracies as percentages), throughput."""
     parts = [f"epoch {r['epoch']}/{epochs}", f"train_loss {r['train_loss']:.4f}"]
     if r.get("val_loss") is not None:
-        parts += [f"val_loss {r['val_loss']:.4f}", f"val_acc {100 * r['val_accuracy']:.2f}%"]
-    if r.get("val_top5") is not None:
-        parts.append(f"top5 {100 * r['val_top5']:.2f}%")
-    parts += [f"{r['images_per_sec']:.0f} img/s", f"{r['epoch_seconds']:.1f}s", f"lr {r['lr']:.4g}"]
+        parts.append(f"val_loss {r['val_loss']:.4f}")
+        for key, value in r.items():
+            if key.startswith("val_") and key != "val_loss" and value is not None:
+                name = key[4:]
+                if name == "accuracy" or (name.startswith("top") and name[3:].isdigit()):
+                    parts.append(f"{'val_acc' if name == 'accuracy' else name} {100 * value:.2f}%")
+                else:
+                    parts.append(f"{key} {value:.4g}")
+    if "images_per_sec" in r:
+        parts.append(f"{r['images_per_sec']:.0f} img/s")
+    else:
+        parts.append(f"{r['samples_per_sec']:.0f} samples/s")
+    if "tokens_per_sec" in r:
+        parts.append(f"{r['tokens_per_sec']:.0f} tokens/s")
+    parts += [f"{r['epoch_seconds']:.1f}s", f"lr {r['lr']:.4g}"]
     return "  ".join(parts)
 
 

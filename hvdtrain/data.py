@@ -8,7 +8,7 @@ evaluates a disjoint part and the sums are allreduced once, so no sample is coun
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -81,6 +81,31 @@ def array_batches(dataset: ArrayDataset, indices: Sequence[int], batch_size: int
     stop = len(indices) - (len(indices) % batch_size if drop_last else 0)
     for start in range(0, stop, batch_size):
         yield dataset[indices[start:start + batch_size]]
+
+
+def split_batch(batch: Any) -> Tuple[Tuple[Any, ...], Any]:
+    """A batch as (the model's inputs, the target): a tuple or list ``(input, ..., target)`` — the last element is
+    the target, the others the model's positional inputs — or a dict whose ``"target"`` entry is the target and whose
+    other entries, in order, are the inputs. A Trainer overrides ``split_batch`` for any other structure."""
+    if isinstance(batch, dict):
+        if "target" not in batch:
+            raise ValueError(f"a dict batch needs a 'target' entry (it has {sorted(batch)}); or override "
+                             f"Trainer.split_batch")
+        return tuple(v for k, v in batch.items() if k != "target"), batch["target"]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return tuple(batch[:-1]), batch[-1]
+    raise ValueError(f"a batch must be (input, ..., target) or a dict with a 'target' entry, got "
+                     f"{type(batch).__name__}{'' if not isinstance(batch, (tuple, list)) else f' of {len(batch)}'}; "
+                     f"or override Trainer.split_batch")
+
+
+def map_arrays(fn: Callable[[Any], Any], batch: Any) -> Any:
+    """``fn`` applied to every array of a batch of tuples, lists and dicts, keeping its structure."""
+    if isinstance(batch, dict):
+        return {k: map_arrays(fn, v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_arrays(fn, v) for v in batch)
+    return fn(batch)
 
 
 def steps_per_epoch(shard_len: int, batch_size: int) -> int:

@@ -28,9 +28,10 @@ def run_eval(trainer) -> Dict[str, Any]:
         if b.rank == 0:
             with open(os.path.join(cfg.output_dir, "eval.json"), "w") as f:
                 json.dump(out, f, indent=2)
-            top5 = f", val_top5 {100 * out['val_top5']:.2f}%" if out.get("val_top5") is not None else ""
-            print(f"hvdtrain: eval: val_loss {out['val_loss']:.6f}, val_accuracy {100 * out['val_accuracy']:.2f}%"
-                  f"{top5} over {out['count']} samples on {out['world_size']} worker(s); "
+            figures = ", ".join(
+                f"{k} {100 * v:.2f}%" if k == "val_accuracy" or (k.startswith("val_top") and k[7:].isdigit())
+                else f"{k} {v:.6g}" for k, v in metrics.items() if v is not None)
+            print(f"hvdtrain: eval: {figures} over {out['count']} samples on {out['world_size']} worker(s); "
                   f"{cfg.output_dir}/eval.json", flush=True)
         return out
     return trainer.guarded(work)

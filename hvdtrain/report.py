@@ -126,19 +126,20 @@ def render_text(output_dir: str) -> str:
             best = max(accuracies)
             lines.append(f"  val accuracy: {100 * last['val_accuracy']:.2f}% after epoch {last['epoch']} "
                          f"(best {100 * best[0]:.2f}% at epoch {best[1]})")
-        speeds = [r["images_per_sec"] for r in records[1:] or records]  # the first epoch includes warm-up
-        lines.append(f"  throughput: {statistics.median(speeds):.1f} img/s median over "
+        unit = "img/s" if "images_per_sec" in last else "samples/s"
+        speeds = [_speed(r) for r in records[1:] or records]  # the first epoch includes warm-up
+        lines.append(f"  throughput: {statistics.median(speeds):.1f} {unit} median over "
                      f"{'epochs 2..' if len(records) > 1 else 'epoch '}{last['epoch']}"
                      f" (world size {last.get('world_size', '?')})")
         lines.append("")
-        lines.append(f"  {'epoch':>5} {'train_loss':>10} {'val_loss':>9} {'val_acc':>8} {'img/s':>10} "
+        lines.append(f"  {'epoch':>5} {'train_loss':>10} {'val_loss':>9} {'val_acc':>8} {unit:>10} "
                      f"{'step ms':>8} {'lr':>9}")
         for r in records:
             val_loss = f"{r['val_loss']:.4f}" if r.get("val_loss") is not None else "-"
             acc = f"{100 * r['val_accuracy']:.2f}%" if r.get("val_accuracy") is not None else "-"
             step = f"{1000 * r['step_seconds']:.1f}" if r.get("step_seconds") is not None else "-"
             lines.append(f"  {r['epoch']:>5} {r['train_loss']:>10.4f} {val_loss:>9} {acc:>8} "
-                         f"{r['images_per_sec']:>10.1f} {step:>8} {r['lr']:>9.4g}")
+                         f"{_speed(r):>10.1f} {step:>8} {r['lr']:>9.4g}")
         if last.get("phase_seconds"):
             lines += ["", f"  where the step time goes (epoch {last['epoch']}, mean of ranks, clock: "
                           f"{last.get('phase_clock', 'host')}):",
@@ -187,13 +188,19 @@ def plot(output_dir: str, path: str) -> Optional[str]:
         axes[1].plot(epochs, [100 * r["val_accuracy"] if r.get("val_accuracy") is not None else None
                               for r in records], marker="o", color="tab:green")
     axes[1].set(title="validation accuracy (%)", xlabel="epoch")
-    axes[2].bar(epochs, [r["images_per_sec"] for r in records], color="tab:blue")
-    axes[2].set(title="throughput (img/s, all workers)", xlabel="epoch")
+    axes[2].bar(epochs, [_speed(r) for r in records], color="tab:blue")
+    axes[2].set(title=f"throughput ({'img/s' if 'images_per_sec' in records[-1] else 'samples/s'}, all workers)",
+                xlabel="epoch")
     fig.suptitle(os.path.basename(os.path.abspath(output_dir)))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _speed(record: Dict[str, Any]) -> float:
+    """An epoch's throughput: images per second for image recipes (and records written before samples_per_sec)."""
+    return record["images_per_sec"] if "images_per_sec" in record else record["samples_per_sec"]
 
 
 def main(argv: List[str]) -> int:

@@ -10,6 +10,12 @@ A recipe (or a user) subclasses :class:`Trainer` and provides data and a model p
             return torch.nn.Sequential(...)
 
 and runs it with ``MyTrainer(MyConfig(...)).fit()`` under ``horovodrun`` (or ``python -m hvdtrain recipe mod:MyTrainer``).
+
+The task contract (the same on both frameworks): a batch is ``(input, ..., target)`` or a dict with a ``"target"``
+entry (:meth:`Trainer.split_batch` for anything else); the model is called with the inputs; ``loss_FRAMEWORK()``
+returns the loss ``loss(outputs, target)`` used for training and evaluation (softmax cross-entropy by default);
+``step_FRAMEWORK(model, batch)`` may replace ``loss(model(*inputs), target)`` altogether; :meth:`Trainer.metrics`
+lists the metric objects evaluation reports (:mod:`hvdtrain.metrics`).
 """
 from __future__ import annotations
 
@@ -20,14 +26,16 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint, guard, model_io, schedule
+from . import checkpoint, guard, metrics as metric_objects, model_io, schedule
 from .backends import make_backend
+from .backends.base import Task
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .checkpointer import Checkpointer, Position
 from .config import ConfigError, TrainConfig
-from .data import ShardSampler, Synthetic, steps_per_epoch
+from .data import ShardSampler, Synthetic, split_batch, steps_per_epoch
 from .faults import JobFailed, RankReporter, explain_failure, is_collective_failure, mark_reported
 from .health import Health
+from .monitor import Monitor
 from .phases import PHASES, summarize
 from .report import announce, autotune_best, format_autotune
 from .timeline import TimelineWindow
@@ -40,7 +48,12 @@ class Trainer:
     """Recipe name: the default output directory is runs/NAME-FRAMEWORK."""
     config_class = TrainConfig
     report_top5: bool = False
-    """Report top-5 accuracy (val_top5) in each epoch's record."""
+    """Report top-5 accuracy (val_top5) in each epoch's record (the default :meth:`metrics`)."""
+    sample_unit: str = "samples"
+    """What one sample is, for the throughput's name in records: ``images`` gives ``images_per_sec`` besides
+    ``samples_per_sec``."""
+    tokens_per_sample: int = 0
+    """Tokens in one sample (a sequence model's length): records then carry ``tokens_per_sec`` too."""
     input_shape: Tuple[int, ...] = ()
     """Shape of one sample, for --synthetic."""
     num_classes: int = 0
@@ -59,6 +72,8 @@ class Trainer:
         self.reporter = None
         self.position = Position()
         """Where training stands (epochs complete, samples of the next epoch consumed, optimizer steps)."""
+        self.monitor: Optional[Monitor] = None
+        """--monitor's best epoch and --early-stop's count (set up in :meth:`setup`)."""
 
     # --- what a recipe provides -------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -74,6 +89,19 @@ class Trainer:
         (a loss taking (logits, labels); default softmax cross-entropy).
         """
         raise ConfigError(f"recipe {self.name} provides no datasets")
+
+    def metrics(self) -> List[metric_objects.Metric]:
+        """The metrics evaluation reports (``val_NAME`` in records) besides ``val_loss``, the recipe's loss: by
+        default classification accuracy (and top-5 with :attr:`report_top5`). A regression returns e.g.
+        ``[MeanSquaredError(), MeanAbsoluteError()]``, a language model ``[Perplexity()]``; ``[]`` reports the loss
+        alone. Each metric's sums are allreduced once per evaluation (:mod:`hvdtrain.metrics`)."""
+        return [metric_objects.Accuracy()] + ([metric_objects.TopK(5)] if self.report_top5 else [])
+
+    def split_batch(self, batch: Any) -> Tuple[Tuple[Any, ...], Any]:
+        """One batch (as the data loader gives it, on the device) as (the model's positional inputs, the target):
+        ``(input, ..., target)`` or a dict with a ``"target"`` entry by default (:func:`hvdtrain.data.split_batch`).
+        Override for any other structure."""
+        return split_batch(batch)
 
     def preprocessing(self) -> Dict[str, Any]:
         """How raw inputs become the model's input, for exported models (a recipe describes its own)."""
@@ -155,9 +183,14 @@ class Trainer:
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self.datasets_for(backend.name, backend.size)
         backend.check_data(self.train_set, cfg)
+        self.metric_list = self.metrics()
+        metric_objects.Tally(self.metric_list)  # distinct names, checked before any training
+        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self._record_goals())
+                                                    if cfg.monitor else None)
         loss = getattr(self, f"loss_{backend.name}", None)
+        task = Task(split=self.split_batch, step=getattr(self, f"step_{backend.name}", None))
         backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
-                      sample_shape=self._sample_shape(self.train_set))
+                      sample_shape=self._sample_shape(self.train_set), task=task)
         self.train_sampler = ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed)
         self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
                             if self.val_set is not None else None)
@@ -211,11 +244,28 @@ class Trainer:
         return record
 
     def run_epochs(self) -> Optional[Dict[str, Any]]:
-        """From the current position to the last epoch, or to --max-steps."""
+        """From the current position to the last epoch, to --max-steps, or to --early-stop."""
         record = None
-        while self.position.epoch < self.cfg.epochs and not self._reached_max_steps():
+        while self.position.epoch < self.cfg.epochs and not self._reached_max_steps() and not self._stopped_early():
             record = self.train_epoch()
         return record
+
+    def _stopped_early(self) -> bool:
+        """--early-stop: the monitored value stopped improving (every rank decides alike from allreduced values)."""
+        if self.monitor is None or not self.monitor.stop:
+            return False
+        if self.backend.rank == 0:
+            print(f"hvdtrain: early stop after epoch {self.position.epoch}: {self.monitor.describe()}; the best "
+                  f"epoch's checkpoint is in {os.path.join(self.cfg.output_dir, 'best')}", flush=True)
+        return True
+
+    def _record_goals(self) -> Dict[str, str]:
+        """Every record key --monitor may name, with the direction in which it improves."""
+        goals = {"train_loss": "min"}
+        if self.val_set is not None:
+            goals["val_loss"] = "min"
+            goals.update({f"val_{m.name}": m.goal for m in self.metric_list})
+        return goals
 
     def train_epoch(self) -> Dict[str, Any]:
         """One epoch from the current position (sample ``offset`` of its order): steps, metrics across ranks,
@@ -260,11 +310,12 @@ class Trainer:
         val = self.evaluate()
         timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start, cpu_seconds)
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
-                  "images_per_sec": done * self.global_batch / slowest["train_seconds"],
+                  **self._throughput(done * self.global_batch / slowest["train_seconds"]),
                   "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
                   "framework": backend.name, "global_step": self.global_step, **timing}
         self.position = Position(epoch + 1, 0, self.global_step) if done == steps else self._after(epoch, offset, done)
-        self.checkpointer.epoch_end(self.position, healthy)
+        best = self.monitor.observe(record) if self.monitor is not None else False
+        self.checkpointer.epoch_end(self.position, healthy, best)
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
         if cfg.elastic:  # after the record is written: a membership change restarts from the commit above
@@ -327,27 +378,36 @@ class Trainer:
         return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}
 
     def evaluation(self) -> Tuple[Dict[str, Optional[float]], int]:
-        """Loss and accuracy on the validation set, each rank a disjoint shard, sums allreduced once; and how many
-        samples they cover over all ranks (each once)."""
+        """The recipe's loss (mean per sample) and every metric of :meth:`metrics` on the validation set, each rank
+        a disjoint shard, all sums allreduced in one collective; and how many samples they cover over all ranks
+        (each once)."""
         val_set, val_sampler = self.val_set, self.val_sampler
+        tally = metric_objects.Tally(self.metric_list)
         if val_set is None:
-            return {"val_loss": None, "val_accuracy": None}, 0
-        sums: Dict[str, Any] = {"loss_sum": 0.0, "correct": 0.0, "correct5": 0.0, "count": 0.0}
+            return {"val_loss": None, **{k: None for k in tally.values(tally.total)}}, 0
+        loss_sum, count = 0.0, 0
         batch_size = self.cfg.eval_batch_size or 2 * self.cfg.batch_size
         for batch in self.backend.loader(val_set, val_sampler, batch_size, drop_last=False,
                                          num_workers=self.cfg.num_workers):
-            for k, v in self.backend.eval_step(batch).items():
-                sums[k] = sums[k] + v
-        total = self.backend.allreduce_sum(sums)
-        count = max(total["count"], 1.0)
-        out = {"val_loss": total["loss_sum"] / count, "val_accuracy": total["correct"] / count}
-        if self.report_top5:
-            out["val_top5"] = total["correct5"] / count
-        return out, int(total["count"])
+            outputs, target, batch_loss, n = self.backend.eval_step(batch, outputs=bool(self.metric_list))
+            tally.add(outputs, target)
+            loss_sum, count = loss_sum + batch_loss, count + n
+        # Horovod: the loss, the sample count and every metric's sums over all ranks, in one allreduce.
+        total = self.backend.allreduce_array(np.concatenate([[loss_sum, count], tally.total]), "eval")
+        return {"val_loss": total[0] / max(total[1], 1.0), **tally.values(total[2:])}, int(total[1])
 
     def evaluate(self) -> Dict[str, Optional[float]]:
         """The validation metrics of :meth:`evaluation` (every rank takes part)."""
         return self.evaluation()[0]
+
+    def _throughput(self, samples_per_sec: float) -> Dict[str, float]:
+        """The record's speed, named after what it counts."""
+        out = {"samples_per_sec": samples_per_sec}
+        if self.sample_unit != "samples":
+            out[f"{self.sample_unit}_per_sec"] = samples_per_sec
+        if self.tokens_per_sample:
+            out["tokens_per_sec"] = samples_per_sec * self.tokens_per_sample
+        return out
 
     def lr_at(self, epoch: float) -> float:
         cfg = self.cfg
@@ -385,13 +445,15 @@ class Trainer:
             return Synthetic(n, self.input_shape, self.num_classes), None
         hook = getattr(self, f"datasets_{framework}", None) or self.datasets
         return hook()
-    @staticmethod
-    def _sample_shape(dataset) -> Tuple[int, ...]:
-        """Shape of one input sample (frameworks with deferred initialisation need it before the broadcast)."""
+    def _sample_shape(self, dataset) -> Tuple[Any, ...]:
+        """Shape of one input sample, or one sample's inputs when there are several or they are not floating
+        point (frameworks with deferred initialisation need them before the broadcast)."""
         if isinstance(dataset, Synthetic):
             return dataset.shape
-        sample = dataset[0][0]
-        return tuple(getattr(sample, "shape", ()))
+        inputs, _ = self.split_batch(dataset[0])
+        if len(inputs) == 1 and "float" in str(getattr(inputs[0], "dtype", "float")):
+            return tuple(getattr(inputs[0], "shape", ()))
+        return tuple(a.asnumpy() if hasattr(a, "asnumpy") else np.asarray(a) for a in inputs)
 
     def _next_micro_batches(self, batches) -> list:
         try:

@@ -9,7 +9,8 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
   step; returns backend-native scalars (summed by the Trainer without a device synchronisation). It marks the
   phases it enters on ``self.phases`` (forward, backward, allreduce, step); ``synchronize()`` waits for the device.
 - ``start_timeline(path)`` / ``stop_timeline()``: Horovod's timeline for a window of steps.
-- ``eval_step(batch)``: sums (loss, correct, count) for one batch.
+- ``eval_step(batch, outputs)``: one validation batch as (the model's outputs as numpy, or None without
+  ``outputs``; the target as numpy; the recipe's loss summed over the batch's samples; the number of samples).
 - ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
   ``allreduce_mean`` (metrics across ranks, returned as floats) and ``allgather_floats``.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled);
@@ -30,6 +31,50 @@ from .. import precision as precisions
 from ..phases import PhaseTimer
 from .resources import (cgroup_cpu_quota, decode_cores, encode_cores, host_key, own_cores, slurm_cpus_per_task,
                         thread_budget)
+
+
+class Task:
+    """The recipe's task as the backends run it: how a batch splits into the model's inputs and the target
+    (``split``, :func:`hvdtrain.data.split_batch` by default), and optionally the recipe's own step (``step(model,
+    batch)`` returning the loss, or ``(loss, outputs)``) for a loss that needs more than ``loss(outputs, target)``.
+
+    Loss conventions, the same on both frameworks: a loss is a scalar (the batch's mean), one value per sample, or
+    one per sample and position (a sequence); training minimises its mean, evaluation reports its mean per sample."""
+
+    def __init__(self, split: Callable[[Any], Tuple[Tuple[Any, ...], Any]] = None, step: Optional[Callable] = None):
+        from ..data import split_batch
+        self.split = split or split_batch
+        self.step = step
+
+    @staticmethod
+    def mixable(inputs: Tuple[Any, ...]) -> Any:
+        """The one floating-point input --mixup blends; a ConfigError for any other batch."""
+        from ..config import ConfigError
+        if len(inputs) != 1 or "float" not in str(getattr(inputs[0], "dtype", "")):
+            raise ConfigError(f"--mixup blends one floating-point input; this task's batches have {len(inputs)} "
+                              f"input(s) of type {[str(getattr(x, 'dtype', type(x))) for x in inputs]}: "
+                              f"drop --mixup")
+        return inputs[0]
+
+    @staticmethod
+    def loss_and_outputs(result: Any) -> Tuple[Any, Any]:
+        """A step's result as (loss, outputs or None)."""
+        return tuple(result) if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+
+    def loss_of(self, result: Any) -> Any:
+        return self.loss_and_outputs(result)[0]
+
+    @staticmethod
+    def loss_sum(total: float, elements: int, samples: int) -> float:
+        """The sum over a batch's samples of each sample's loss, from the sum ``total`` of a loss of ``elements``
+        values: a scalar is the batch's mean (times ``samples``); one value per sample sums; several per sample (a
+        sequence's positions) are averaged per sample first."""
+        if elements == 1:
+            return total * samples
+        if elements % samples:
+            raise ValueError(f"the loss has {elements} values for a batch of {samples} samples; return one value, "
+                             f"one per sample, or the same number per sample")
+        return total / (elements // samples)
 
 
 class Backend(abc.ABC):
@@ -71,7 +116,10 @@ class Backend(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None, task: Optional[Task] = None) -> None:
+        """``loss_fn(outputs, target)`` (the recipe's; softmax cross-entropy by default) for training and evaluation,
+        ``sample_shape`` the shape of one input (or a tuple of one sample's inputs, for frameworks that infer shapes),
+        ``task`` the batch structure and an optional own step (:class:`Task`)."""
         ...
 
     def shutdown(self, failed: bool = False) -> None:
@@ -177,7 +225,9 @@ class Backend(abc.ABC):
         return True
 
     @abc.abstractmethod
-    def eval_step(self, batch: Any) -> Dict[str, Any]:
+    def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, float, int]:
+        """One validation batch: (outputs as numpy or None, target as numpy, the loss summed over its samples
+        (:meth:`Task.loss_sum`), samples)."""
         ...
 
     @abc.abstractmethod

@@ -21,14 +21,14 @@ import itertools
 import os
 import random
 import sys
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches
+from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
 from ..loss_scale import DynamicLossScale
-from .base import Backend
+from .base import Backend, Task
 from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
                         preload_image_codecs, user_threads)
 from .mxnet_records import MXNetRecords
@@ -76,22 +76,29 @@ def place_parameters(mx, params, ctx) -> None:
 
 
 def resolve_shapes(mx, model, sample_shape, ctx) -> None:
-    """Give every deferred parameter its shape and initial value, from the shape of one sample.
+    """Give every deferred parameter its shape and initial value, from the shape of one sample (or from one sample's
+    inputs, a tuple of arrays without the batch axis).
 
     A HybridBlock infers shapes from its graph without running: a forward pass would change state (BatchNorm's
     running variance moves from 1 towards the batch's). A plain Block can only be run, in training mode: an
     inference-mode pass lets MKLDNN reorder the weights in place into its own layout, and a broadcast into such an
     array would write bytes in the wrong layout.
     """
-    x = mx.nd.zeros((1,) + tuple(sample_shape), ctx=ctx)
+    if all(isinstance(d, (int, np.integer)) for d in sample_shape):
+        xs = [mx.nd.zeros((1,) + tuple(sample_shape), ctx=ctx)]
+    else:  # one sample's inputs (several, integer token ids...): their own shapes and types
+        xs = [mx.nd.array(np.asarray(a)[None], ctx=ctx, dtype="float32" if np.asarray(a).dtype.kind == "f" else
+                          "int32") for a in sample_shape]
     if isinstance(model, mx.gluon.HybridBlock):
-        model.infer_shape(x)
+        model.infer_shape(*xs)
         for p in model.collect_params().values():
             if p._deferred_init:  # what Gluon does at the first forward pass, done now
                 p._finish_deferred_init()
         return
     with mx.autograd.train_mode():
-        model(x).wait_to_read()
+        out = model(*xs)
+        for a in out if isinstance(out, (tuple, list)) else [out]:
+            a.wait_to_read()
 
 
 class MXNetBackend(Backend):
@@ -173,10 +180,12 @@ class MXNetBackend(Backend):
                     f"--precision auto (fp32 here) or fp32")
         return ""
 
-    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None, task=None) -> None:
         mx, hvd = self.mx, self.hvd
         self.model = model
         self.loss_fn = loss_fn or self._cross_entropy(cfg.label_smoothing)
+        self.eval_loss_fn = loss_fn or self._cross_entropy(0.0)
+        self.task = task or Task()
         self.accumulate = cfg.accumulate
         params = model.collect_params()
         place_parameters(mx, params, self.ctx)
@@ -306,21 +315,32 @@ class MXNetBackend(Backend):
         autograd = self.mx.autograd
         total, samples, phases = None, 0, self.phases
         scale = self.scaler.scale if self.scaler is not None else 1.0
-        for x, y in micro_batches:
+        for batch in micro_batches:
             phases.enter("forward")
-            if mix is not None:  # mixup with the batch in reverse order
-                x = mix * x + (1.0 - mix) * x.flip(axis=0)
+            inputs, y = self.task.split(batch)
+            inputs = self._compute_dtype(inputs)
             with autograd.record():
-                logits = self.model(x)
-                loss = self.loss_fn(logits, y)  # per-sample losses; backward sums their gradients
-                if mix is not None:
-                    loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(axis=0))
+                if self.task.step is not None:  # the recipe's own step: several heads, an auxiliary loss
+                    loss = self.task.loss_of(self.task.step(self.model, self._compute_dtype(batch)))
+                else:
+                    if mix is not None:  # mixup with the batch in reverse order
+                        x = self.task.mixable(inputs)
+                        inputs = (mix * x + (1.0 - mix) * x.flip(axis=0),)
+                    outputs = self.model(*inputs)
+                    loss = self.loss_fn(outputs, y)  # per-sample losses; backward sums their gradients
+                    if mix is not None:
+                        loss = mix * loss + (1.0 - mix) * self.loss_fn(outputs, y.flip(axis=0))
+                n = y.shape[0]
+                if loss.size == 1 and n > 1:  # a batch mean: as per-sample losses, which Gluon's update divides
+                    loss = loss * n
+                elif loss.size != n:  # per sample and position: each sample's mean
+                    loss = loss.reshape((n, -1)).mean(axis=1)
                 scaled = loss * scale if scale != 1.0 else loss
             phases.enter("backward")
             scaled.backward()
             mean = loss.mean() / len(micro_batches)
             total = mean if total is None else total + mean
-            samples += x.shape[0]
+            samples += n
         # Gluon's step() split in its two halves, so that each is a phase. Horovod: allreduce_grads() queues the
         # allreduce of every gradient on MXNet's engine.
         phases.enter("allreduce")
@@ -357,16 +377,31 @@ class MXNetBackend(Backend):
         return all(bool(nd.multi_all_finite(*same, num_arrays=len(same), init_output=True).asscalar() > 0)
                    for same in by_type.values())
 
-    def eval_step(self, batch: Any) -> Dict[str, Any]:
-        nd = self.mx.nd
-        x, y = batch
-        logits = self.model(x).astype("float32")
-        k = min(5, logits.shape[1])
-        top = nd.topk(logits, axis=1, k=k, ret_typ="indices")
-        return {"loss_sum": self._cross_entropy(0.0)(logits, y).sum(),
-                "correct": (nd.argmax(logits, axis=1) == y).sum(),
-                "correct5": (top == y.reshape((-1, 1))).sum(),
-                "count": nd.array([x.shape[0]], ctx=self.ctx)}
+    def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, float, int]:
+        inputs, y = self.task.split(batch)
+        loss, out = None, None
+        if self.task.step is not None:
+            loss, out = self.task.loss_and_outputs(self.task.step(self.model, self._compute_dtype(batch)))
+        if out is None and (outputs or loss is None):
+            out = self.model(*self._compute_dtype(inputs))
+        out = map_arrays(lambda a: a.astype("float32") if self._floating(a) and a.dtype != np.float32 else a, out)
+        if loss is None:
+            loss = self.eval_loss_fn(out, y)
+        n = int(y.shape[0])
+        return (self._numpy(out) if outputs else None), y.asnumpy(), self.task.loss_sum(
+            float(loss.astype("float64").sum().asscalar()), loss.size, n), n
+
+    def _floating(self, a: Any) -> bool:
+        return isinstance(a, self.mx.nd.NDArray) and np.dtype(a.dtype).kind == "f"
+
+    def _compute_dtype(self, batch: Any) -> Any:
+        """The batch's floating-point arrays in the network's dtype (float16 under fp16); integers as they are."""
+        if self.dtype == "float32":
+            return batch
+        return map_arrays(lambda a: a.astype(self.dtype) if self._floating(a) else a, batch)
+
+    def _numpy(self, out: Any) -> Any:
+        return map_arrays(lambda a: a.asnumpy() if isinstance(a, self.mx.nd.NDArray) else a, out)
 
     def set_lr(self, lr: float) -> None:
         old = float(self.trainer.learning_rate)
@@ -401,13 +436,25 @@ class MXNetBackend(Backend):
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):
-        x, y = batch
+        """Every array of the batch on the rank's context, whatever its structure: floating point as float32 (the
+        step casts inputs to the network's dtype), integers as int32 (class and token ids, exact), anything else
+        as it is."""
         nd = self.mx.nd
-        x = x.as_in_context(self.ctx) if isinstance(x, nd.NDArray) else nd.array(x, ctx=self.ctx)
-        if x.dtype != np.dtype(self.dtype):
-            x = x.astype(self.dtype)
-        y = (y.as_in_context(self.ctx) if isinstance(y, nd.NDArray) else nd.array(y, ctx=self.ctx)).astype("float32")
-        return x, y
+
+        def move(a):
+            if not isinstance(a, nd.NDArray):
+                a = np.asarray(a)
+                kind = a.dtype.kind
+                return nd.array(a, ctx=self.ctx, dtype="float32" if kind == "f" else "int32" if kind in "iub" else
+                                a.dtype)
+            a = a.as_in_context(self.ctx)
+            kind = np.dtype(a.dtype).kind
+            if kind == "f" and a.dtype != np.float32:
+                return a.astype("float32")
+            if kind in "iu" and a.dtype != np.int32:
+                return a.astype("int32")
+            return a
+        return map_arrays(move, batch)
 
     def check_data(self, train_set: Any, cfg) -> None:
         self._records().check(train_set, cfg)

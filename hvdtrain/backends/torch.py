@@ -6,15 +6,15 @@ import os
 import random
 import sys
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches
-from .base import Backend
+from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
+from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
 from .torch_groups import distributed_optimizer
 from .torch_sharded import ShardedOptimizer
@@ -32,6 +32,11 @@ def _to_numpy(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_numpy(v) for v in obj)
     return obj
+
+
+def _to_float32(obj: Any) -> Any:
+    """Model outputs in float32 (autocast computes some in fp16/bf16)."""
+    return map_arrays(lambda t: t.float() if torch.is_tensor(t) and t.is_floating_point() else t, obj)
 
 
 def _to_torch(obj: Any) -> Any:
@@ -134,11 +139,13 @@ class TorchBackend(Backend):
                   f"{bf16_slowdown():.0f}x the fp32 time on this CPU; --precision auto (fp32 here) trains faster",
                   file=sys.stderr, flush=True)
 
-    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None) -> None:
+    def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None, task=None) -> None:
         hvd = self.hvd
         self.model = model.to(self.device)
         smoothing = cfg.label_smoothing
         self.loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, label_smoothing=smoothing))
+        self.eval_loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="none"))
+        self.task = task or Task()
         self.accumulate = cfg.accumulate
         params = [p for p in self.model.parameters() if p.requires_grad]
         if cfg.no_wd:  # biases and normalization weights (1-d) without weight decay
@@ -256,17 +263,22 @@ class TorchBackend(Backend):
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         phases = self.phases
-        for x, y in micro_batches:
+        for batch in micro_batches:
             phases.enter("forward")
-            if mix is not None:  # mixup with the batch in reverse order
-                x = mix * x + (1.0 - mix) * x.flip(0)
             with self._autocast():
-                logits = self.model(x)
-                loss = self.loss_fn(logits, y)
-                if mix is not None:
-                    loss = mix * loss + (1.0 - mix) * self.loss_fn(logits, y.flip(0))
+                if self.task.step is not None:  # the recipe's own step: several heads, an auxiliary loss
+                    loss = self.task.loss_of(self.task.step(self.model, batch))
+                else:
+                    inputs, y = self.task.split(batch)
+                    if mix is not None:  # mixup with the batch in reverse order
+                        x = self.task.mixable(inputs)
+                        inputs = (mix * x + (1.0 - mix) * x.flip(0),)
+                    outputs = self.model(*inputs)
+                    loss = self.loss_fn(outputs, y)
+                    if mix is not None:
+                        loss = mix * loss + (1.0 - mix) * self.loss_fn(outputs, y.flip(0))
                 # The mean over n micro-batches: accumulation equals one batch n times larger.
-                loss = loss / n
+                loss = loss.mean() / n
             phases.enter("backward")
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
@@ -296,18 +308,23 @@ class TorchBackend(Backend):
         return {"loss": total}
 
     @torch.no_grad()
-    def eval_step(self, batch: Any) -> Dict[str, Any]:
+    def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, float, int]:
         self.model.eval()
-        x, y = batch
+        inputs, y = self.task.split(batch)
         with self._autocast():
-            logits = self.model(x)
-        logits = logits.float()
-        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        return {"loss_sum": F.cross_entropy(logits, y, reduction="sum"),
-                "correct": (logits.argmax(dim=1) == y).sum(),
-                "correct5": (top5 == y[:, None]).any(dim=1).sum(),
-                "count": torch.tensor(float(y.numel()), device=self.device)}
-
+            if self.task.step is not None:
+                loss, out = self.task.loss_and_outputs(self.task.step(self.model, batch))
+                if out is None and outputs:
+                    out = self.model(*inputs)
+            else:
+                out = self.model(*inputs)
+                loss = None
+            out = _to_float32(out)
+            if loss is None:
+                loss = self.eval_loss_fn(out, y)
+        n = int(y.shape[0])
+        return (_to_numpy(out) if outputs else None), _to_numpy(y), self.task.loss_sum(float(loss.float().sum()),
+                                                                                      loss.numel(), n), n
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -326,10 +343,16 @@ class TorchBackend(Backend):
 
     # --- data ------------------------------------------------------------------------------------------------------
     def _to_device(self, batch):
-        x, y = batch
-        x = torch.as_tensor(x).to(self.device, non_blocking=True)
-        y = torch.as_tensor(y).to(self.device, non_blocking=True).long()
-        return x, y
+        """Every array of the batch on the device, whatever its structure: floating point as float32 (autocast
+        computes in fp16/bf16), integers as int64 (class and token ids), anything else as it is."""
+        def move(a):
+            t = torch.as_tensor(a)
+            if t.is_floating_point():
+                t = t.float()
+            elif t.dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+                t = t.long()
+            return t.to(self.device, non_blocking=True)
+        return map_arrays(move, batch)
 
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:

@@ -55,8 +55,24 @@ def test_every_batch_has_the_networks_dtype(precision, dtype):
     synthetic = next(backend.loader(Synthetic(8, (3, 4, 4), 10), range(8), 4, drop_last=True))
     arrays = ArrayDataset(np.zeros((8, 3, 4, 4), np.float32), np.zeros(8, np.int64))
     real = next(backend.loader(arrays, range(8), 4, drop_last=True))
-    for x, y in (synthetic, real):
+    for x, y in (synthetic, real):  # what the network is called with: its own dtype for floating-point inputs
+        (x,) = backend._compute_dtype((x,))
         assert x.dtype == dtype and x.context == STAND_IN and y.context == STAND_IN
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_token_ids_and_float_targets_keep_their_values(precision):
+    # Token ids above 2048 are not exact in float16 (and above 2**24 not in float32): integers stay integers, and a
+    # regression's float targets stay float32 whatever the network computes in.
+    backend = MXNetBackend()
+    backend.mx, backend.ctx, backend.precision = mx, STAND_IN, precision
+    backend.dtype = "float16" if precision == "fp16" else "float32"
+    ids = np.array([[2049, 70001], [16777217, 3]], np.int64)
+    target = np.array([0.1, 1e-4], np.float64)
+    batch = next(backend.loader(ArrayDataset(ids, ids + 1, target), range(2), 2, drop_last=True))
+    inputs = backend._compute_dtype(batch[:2])
+    assert [a.dtype for a in inputs] == [np.int32, np.int32] and batch[2].dtype == np.float32
+    assert (inputs[0].asnumpy() == ids).all() and (inputs[1].asnumpy() == ids + 1).all()
 
 
 @pytest.mark.parametrize("model, blocks", [("resnet18_v1b", 8), ("resnet50_v1b", 16)])

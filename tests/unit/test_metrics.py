@@ -1,0 +1,86 @@
+"""Metrics as objects: sums that add over shards, values that equal a direct computation on the whole set."""
+import math
+
+import numpy as np
+import pytest
+
+from hvdtrain.backends.base import Task
+from hvdtrain.data import split_batch
+from hvdtrain.metrics import (Accuracy, MeanAbsoluteError, MeanSquaredError, Perplexity, RootMeanSquaredError, Tally,
+                              TopK)
+
+
+def shards(n, parts):
+    cuts = sorted(np.random.default_rng(0).choice(np.arange(1, n), parts - 1, replace=False))
+    return np.split(np.arange(n), cuts)
+
+
+def tally_over(metrics, outputs, target, parts):
+    """As the Trainer does it: a Tally per rank over uneven shards, summed (the allreduce), then the values."""
+    total = None
+    for idx in shards(len(target), parts):
+        t = Tally(metrics)
+        for batch in np.array_split(idx, 3):
+            if len(batch):
+                t.add(outputs[batch], target[batch])
+        total = t.total if total is None else total + t.total
+    return Tally(metrics).values(total)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_classification_metrics_equal_the_whole_set_over_uneven_shards(parts):
+    rng = np.random.default_rng(1)
+    logits, y = rng.standard_normal((97, 7)), rng.integers(0, 7, 97)
+    got = tally_over([Accuracy(), TopK(3), Perplexity()], logits, y, parts)
+    assert got["val_accuracy"] == pytest.approx(np.mean(logits.argmax(1) == y), abs=1e-12)
+    top3 = np.argsort(-logits, axis=1)[:, :3]
+    assert got["val_top3"] == pytest.approx(np.mean((top3 == y[:, None]).any(1)), abs=1e-12)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    assert got["val_perplexity"] == pytest.approx(math.exp(-logp[np.arange(97), y].mean()), rel=1e-12)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_regression_metrics_count_every_target_element_once(parts):
+    rng = np.random.default_rng(2)
+    pred, y = rng.standard_normal((50, 2)), rng.standard_normal((50, 2))
+    got = tally_over([MeanSquaredError(scale=3.0), MeanAbsoluteError(scale=3.0), RootMeanSquaredError()], pred, y,
+                     parts)
+    assert got["val_mse"] == pytest.approx(9 * np.mean((pred - y) ** 2), rel=1e-12)
+    assert got["val_mae"] == pytest.approx(3 * np.mean(np.abs(pred - y)), rel=1e-12)
+    assert got["val_rmse"] == pytest.approx(math.sqrt(np.mean((pred - y) ** 2)), rel=1e-12)
+
+
+def test_sequence_targets_count_each_position_and_padding_is_left_out():
+    rng = np.random.default_rng(3)
+    logits, y = rng.standard_normal((4, 5, 11)), rng.integers(0, 11, (4, 5))
+    y[0, 3:] = -100
+    got = tally_over([Perplexity(), Accuracy()], logits, y, 2)
+    keep = y != -100
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, np.where(keep, y, 0)[..., None], -1)[..., 0][keep]
+    assert got["val_perplexity"] == pytest.approx(math.exp(nll.mean()), rel=1e-12)
+    assert got["val_accuracy"] == pytest.approx(np.mean(logits.argmax(-1) == y), abs=1e-12)  # pads never hit
+
+
+def test_a_mismatched_output_and_duplicate_names_are_refused_with_the_metric_named():
+    with pytest.raises(ValueError, match="metric mse: the model's output has"):
+        Tally([MeanSquaredError()]).add(np.zeros((4, 3)), np.zeros(4))
+    with pytest.raises(ValueError, match="distinct non-empty names"):
+        Tally([Accuracy(), Accuracy()])
+
+
+def test_batches_split_into_inputs_and_target_whatever_their_structure():
+    assert split_batch((1, 2, 3)) == ((1, 2), 3)
+    assert split_batch({"tokens": 1, "mask": 2, "target": 3}) == ((1, 2), 3)
+    with pytest.raises(ValueError, match="'target' entry"):
+        split_batch({"x": 1})
+    with pytest.raises(ValueError, match="override Trainer.split_batch"):
+        split_batch((1,))
+
+
+def test_a_loss_is_summed_per_sample_whatever_its_reduction():
+    assert Task.loss_sum(2.0, 1, 8) == 16.0       # a batch mean
+    assert Task.loss_sum(12.0, 8, 8) == 12.0      # one per sample
+    assert Task.loss_sum(40.0, 80, 8) == 4.0      # ten positions per sample: each sample's mean
+    with pytest.raises(ValueError, match="81 values for a batch of 8"):
+        Task.loss_sum(1.0, 81, 8)
