@@ -5,7 +5,7 @@ it takes (resume or not, from where; the weights it loaded) reaches the other ra
 
 The format: ``hvdtrain.checkpoint`` files (arrays plus a JSON skeleton, never a pickle) holding::
 
-    {"trainer": {"epoch", "offset", "global_step", "recipe", "framework", "world_size", "config"},
+    {"trainer": {"epoch", "offset", "global_step", "recipe", "framework", "world_size", "config", "monitor"},
      "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...})}
 
 ``epoch`` epochs are complete, plus the first ``offset`` samples of the next one's order (a checkpoint inside an
@@ -50,8 +50,10 @@ def read_model(path: str) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
 
 
 class Checkpointer:
-    def __init__(self, cfg, backend, recipe: str, reporter):
+    def __init__(self, cfg, backend, recipe: str, reporter, monitor=None):
         self.cfg, self.backend, self.recipe, self.reporter = cfg, backend, recipe, reporter
+        self.monitor = monitor
+        """--monitor's :class:`~hvdtrain.monitor.Monitor` (None without): its state rides in every checkpoint."""
 
     @property
     def directory(self) -> str:
@@ -64,7 +66,8 @@ class Checkpointer:
         self.reporter.progress(at.global_step, "checkpoint")
         state = {"trainer": {"epoch": at.epoch, "offset": at.offset, "global_step": at.global_step,
                              "recipe": self.recipe, "framework": self.backend.name,
-                             "world_size": self.backend.size, "config": json.loads(self.cfg.to_json())},
+                             "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),
+                             "monitor": self.monitor.state() if self.monitor else None},
                  "backend": self.backend.state_dict()}
         bad = [name for name, value in state["backend"]["model"].items()
                if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all()]
@@ -76,17 +79,29 @@ class Checkpointer:
         checkpoint.prune(self.directory, self.cfg.keep_checkpoints)
         return path
 
-    def _gather_and_save(self, at: Position) -> None:
+    def _gather_and_save(self, at: Position, best: bool = False) -> None:
         # Horovod: state the ranks hold in parts (--shard-optimizer) comes together on rank 0, which writes.
         self.backend.gather_state()
         if self.backend.rank == 0:
-            self.save(at)
+            path = self.save(at)
+            if path and best:
+                self._keep_as_best(path)
 
-    def epoch_end(self, at: Position, healthy: bool) -> None:
+    def _keep_as_best(self, path: str) -> None:
+        """Rank 0: a copy of checkpoint ``path`` (the best epoch by --monitor) as the only one in OUTPUT_DIR/best/."""
+        from .monitor import BEST_DIR
+        directory = os.path.join(self.cfg.output_dir, BEST_DIR)
+        os.makedirs(directory, exist_ok=True)
+        name = os.path.basename(path)
+        checkpoint.atomic_write(os.path.join(directory, name), open(path, "rb").read())
+        checkpoint.atomic_write(os.path.join(directory, name + ".sha256"), open(path + ".sha256", "rb").read())
+        checkpoint.prune(directory, 1)
+
+    def epoch_end(self, at: Position, healthy: bool, best: bool = False) -> None:
         """Every rank, after an epoch (complete, or cut short by --max-steps at ``at``): a checkpoint where the
-        weights are healthy on every rank, and the elastic commit."""
+        weights are healthy on every rank (with ``best``, also kept in OUTPUT_DIR/best/), and the elastic commit."""
         if healthy:  # never a checkpoint of weights that a non-finite loss may have reached
-            self._gather_and_save(at)
+            self._gather_and_save(at, best)
         self.commit(at, check=False)
 
     def mid_epoch(self, at: Position, health) -> bool:
@@ -121,6 +136,8 @@ class Checkpointer:
                                          error=checkpoint.CheckpointError)
         if info is None:
             return Position()
+        if self.monitor is not None:
+            self.monitor.load(info.get("monitor"))
         if not self.cfg.elastic:
             # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
             self.backend.broadcast_state()
@@ -152,12 +169,13 @@ class Checkpointer:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
         return {**Position(int(meta["epoch"]), int(meta.get("offset", 0)), int(meta["global_step"])).as_dict(),
-                "path": path}
+                "path": path, "monitor": meta.get("monitor")}
 
     def _set_aside_previous_run(self) -> None:
         """--resume never in a directory that holds an earlier run: move its checkpoints and metrics to
         previous-TIMESTAMP/ rather than overwrite or prune them (they may be newer by name than this run's)."""
-        old = [p for p in (self.directory, os.path.join(self.cfg.output_dir, "metrics.jsonl")) if os.path.exists(p)]
+        old = [p for p in (self.directory, os.path.join(self.cfg.output_dir, "metrics.jsonl"),
+                           os.path.join(self.cfg.output_dir, "best")) if os.path.exists(p)]
         if not checkpoint.list_checkpoints(self.directory) or not old:
             return
         target = os.path.join(self.cfg.output_dir, time.strftime("previous-%Y%m%d-%H%M%S"))

@@ -116,6 +116,11 @@ class TrainConfig:
     """How many of the newest checkpoints to keep."""
     checkpoint_every_steps: int = 0
     """Also checkpoint every N optimizer steps inside an epoch (0: at epoch ends only); resume is exact mid-epoch."""
+    monitor: str = ""
+    """Keep the checkpoint of the best epoch by this record key in OUTPUT_DIR/best/ (e.g. val_loss, val_accuracy,
+    val_mse; ':min' or ':max' after it overrides the metric's own direction); '' keeps none."""
+    early_stop: int = 0
+    """Stop when --monitor has not improved for this many epochs in a row (0: never); needs --monitor."""
     max_bad_steps: int = 20
     """Stop the job when the training loss is non-finite on any rank for this many steps in a row (0: never);
     the ranks decide together every 10 steps."""
@@ -157,8 +162,15 @@ class TrainConfig:
                 raise ConfigError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.stall_timeout < 5:
             raise ConfigError(f"--stall-timeout must be at least 5 seconds, got {self.stall_timeout}")
+        if self.early_stop and self.elastic:
+            raise ConfigError("--early-stop cannot be combined with --elastic: a worker that joins does not know how "
+                              "long the job has waited for an improvement")
+        if self.early_stop and not self.monitor:
+            raise ConfigError("--early-stop needs --monitor METRIC (e.g. --monitor val_loss): what must improve")
+        if self.monitor and self.monitor.rpartition(":")[2] not in ("min", "max") and ":" in self.monitor:
+            raise ConfigError(f"--monitor {self.monitor}: the direction after ':' must be min or max")
         for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads", "checkpoint_every_steps",
-                     "max_bad_steps", "commit_every"):
+                     "max_bad_steps", "commit_every", "early_stop"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{flag(name)} must be 0 or more, got {getattr(self, name)}")
         if self.base_lr <= 0:

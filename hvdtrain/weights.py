@@ -186,8 +186,11 @@ def read(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
             path = os.path.join(path, "model.json")
         elif os.path.isdir(os.path.join(path, "checkpoints")):
             path = find_checkpoint(path)
+        elif checkpoint.list_checkpoints(path):  # a directory of checkpoints: checkpoints/, best/
+            path = checkpoint.latest_valid(path, warn=lambda m: None) or checkpoint.list_checkpoints(path)[-1]
         else:
-            raise WeightsError(f"{path} is neither a run directory (checkpoints/) nor an export (model.json)")
+            raise WeightsError(f"{path} is neither a run directory (checkpoints/), a directory of checkpoints nor an "
+                               f"export (model.json)")
     if not os.path.isfile(path):
         raise WeightsError(f"{path} does not exist")
     ext = os.path.splitext(path)[1].lower()

@@ -1,0 +1,58 @@
+"""--monitor and --early-stop: which epoch is the best by one record key, and when to stop waiting for a better one.
+
+The monitored value is one of the epoch record's keys (``train_loss``, ``val_loss``, ``val_NAME`` of each metric), all
+of them averaged or summed over the ranks by an allreduce, so every rank holds the same number and takes the same
+decision with no further collective. The state (best value, its epoch, epochs since) is saved in each checkpoint and
+comes back on resume, so a resumed run stops where an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+from .config import ConfigError
+
+BEST_DIR = "best"
+"""OUTPUT_DIR/best/ holds the checkpoint of the best epoch (one file and its digest)."""
+
+
+class Monitor:
+    def __init__(self, spec: str, patience: int, goals: Dict[str, str]):
+        """``spec``: ``KEY`` or ``KEY:min|max``; ``goals``: every key the task's records carry and its direction."""
+        key, _, direction = spec.partition(":")
+        if key not in goals:
+            raise ConfigError(f"--monitor {key}: this task's records have {', '.join(sorted(goals))}; choose one")
+        self.key, self.goal, self.patience = key, direction or goals[key], patience
+        self.best: Optional[float] = None
+        self.best_epoch = 0
+        self.since = 0
+        """Epochs since the best one."""
+
+    def observe(self, record: Dict[str, Any]) -> bool:
+        """An epoch's record; True when it is the best so far (a NaN never is)."""
+        value = record.get(self.key)
+        better = value is not None and math.isfinite(value) and (
+            self.best is None or (value < self.best if self.goal == "min" else value > self.best))
+        if better:
+            self.best, self.best_epoch, self.since = float(value), int(record["epoch"]), 0
+        else:
+            self.since += 1
+        return better
+
+    @property
+    def stop(self) -> bool:
+        """--early-stop: no improvement for ``patience`` epochs in a row."""
+        return bool(self.patience) and self.since >= self.patience
+
+    def describe(self) -> str:
+        best = "none yet" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch}"
+        return f"{self.key} ({self.goal}) has not improved for {self.since} epoch(s); best {best}"
+
+    def state(self) -> Dict[str, Any]:
+        return {"key": self.key, "goal": self.goal, "best": self.best, "best_epoch": self.best_epoch,
+                "since": self.since}
+
+    def load(self, state: Optional[Dict[str, Any]]) -> None:
+        """A checkpoint's monitor state, when it monitored the same key the same way."""
+        if state and state.get("key") == self.key and state.get("goal") == self.goal:
+            self.best, self.best_epoch, self.since = state["best"], int(state["best_epoch"]), int(state["since"])
