@@ -10,7 +10,8 @@ from .config import ConfigError
 GROUP = "hvdtrain.recipes"
 # The recipes shipped in this repository, for runs from a checkout that was not pip-installed.
 BUILTIN = {"mnist": "recipes.mnist:MNISTTrainer", "fashion-mnist": "recipes.fashion_mnist:FashionMNISTTrainer",
-           "imagenet": "recipes.imagenet:ImageNetTrainer"}
+           "imagenet": "recipes.imagenet:ImageNetTrainer", "regression": "recipes.regression:RegressionTrainer",
+           "charlm": "recipes.charlm:CharLMTrainer"}
 
 
 def available() -> Dict[str, str]:
