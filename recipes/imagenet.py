@@ -104,6 +104,7 @@ class ImageNetTrainer(Trainer):
     name = "imagenet"
     config_class = ImageNetConfig
     report_top5 = True
+    sample_unit = "images"
 
     @property
     def input_shape(self):

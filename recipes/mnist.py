@@ -135,6 +135,7 @@ class MNISTTrainer(Trainer):
     config_class = MNISTConfig
     input_shape = (1, 28, 28)
     num_classes = 10
+    sample_unit = "images"
     mean, std = MEAN, STD
     """Normalisation of the [0, 1] pixel values: the training set's mean and standard deviation."""
     data_hint = ("MNIST IDX files, optionally .gz, published at http://yann.lecun.com/exdb/mnist/; or write the "
