@@ -34,7 +34,7 @@ def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, 
             cause = [line.split("hvdtrain: error: ", 1)[1] for line in lines if "hvdtrain: error: " in line][:1]
             raise RuntimeError(f"bench: np={np_} failed (exit {proc.returncode}): " + " | ".join(cause or lines[-3:]))
         with open(os.path.join(out, "metrics.jsonl")) as f:
-            return float(json.loads(f.readlines()[-1])["samples_per_sec"]  # images per second for the image recipes)
+            return float(json.loads(f.readlines()[-1])["samples_per_sec"])  # images/s for the image recipes
 
 
 def cores() -> int:
