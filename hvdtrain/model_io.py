@@ -73,6 +73,9 @@ def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
     exported model's (``max_abs_diff``)."""
     from .backends import BACKENDS, backend_class
     cfg = trainer.cfg
+    if not trainer.input_shape:
+        raise ConfigError(f"recipe {trainer.name} declares no input_shape (one floating-point input of a fixed "
+                          f"shape): export writes such models only; its checkpoints hold the weights by name")
     arrays, info = weights.read(source)
     target = backend_class(cfg.framework)()
     if fmt == "onnx" and not target.exports_onnx:
@@ -103,13 +106,29 @@ def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
             "input": "float32 N x " + " x ".join(map(str, trainer.input_shape)) + ", preprocessed as below",
             "output": "logits (unnormalised class scores)", "preprocessing": trainer.preprocessing(),
             **files, "source": info.get("path", source), "source_framework": info.get("framework"),
-            "epoch": info.get("epoch"), "config": json.loads(cfg.to_json()),
+            "epoch": info.get("epoch"), "metrics": source_metrics(info), "config": json.loads(cfg.to_json()),
             "sample": {"file": "sample.npz", "inputs": what, "logits_from": ref_framework},
             "max_abs_diff": float(np.abs(logits - reference).max()),
             "logit_scale": float(np.abs(reference).max())}
     with open(os.path.join(directory, "model.json"), "w") as f:
         json.dump(meta, f, indent=2)
     return meta
+
+
+def source_metrics(info: Dict[str, Any]) -> Dict[str, Any]:
+    """The validation figures the run recorded for the epoch of a checkpoint it wrote ({} when unknown): the
+    task's own metrics travel with the exported model."""
+    path, epoch = info.get("path"), info.get("epoch")
+    if not path or epoch is None:
+        return {}
+    records = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "metrics.jsonl")
+    try:
+        with open(records) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return {}
+    row = next((r for r in reversed(rows) if r.get("epoch") == epoch), {})
+    return {k: v for k, v in row.items() if k.startswith("val_")}
 
 
 def _exports_onnx(framework: str) -> bool:

@@ -46,15 +46,16 @@ def split(x: np.ndarray, y: np.ndarray):
 
 @dataclass
 class RegressionConfig(TrainConfig):
-    """Regression defaults: Adam, full epochs of 342 patients; 2 workers reach a validation RMSE near 55 (the
-    target's standard deviation is 77) in a few seconds."""
+    """Regression defaults: Adam with a cosine decay over 20 epochs of 342 patients (longer overfits: the training
+    error keeps falling, the validation error rises); 2 workers reach a validation RMSE near 54 (the target's
+    standard deviation is 77) in a few seconds."""
 
-    epochs: int = 60
+    epochs: int = 20
     batch_size: int = 16
     base_lr: float = 0.003
     optimizer: Literal["sgd", "adam"] = "adam"
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
-    weight_decay: float = 1e-4
+    weight_decay: float = 0.01
     hidden: int = 32
     """Units of each of the two hidden layers."""
 

@@ -67,6 +67,11 @@ def test_regression_reports_its_own_error_and_keeps_the_best_epoch(framework, tm
     assert record["val_mae"] == pytest.approx(np.mean(np.abs(err)), rel=CLOSE)
     assert record["val_loss"] == pytest.approx(np.mean(err ** 2) / y_std ** 2, rel=CLOSE)  # the recipe's own loss
     assert records[-1]["val_rmse"] < 0.9 * y_std  # learnt something: the target's own spread is y_std
+    # The exported model carries the figures of the epoch it holds.
+    exported = str(tmp_path / "export")
+    hvdtrain("export", os.path.join(out, "best"), "--output", exported, np_=1)
+    meta = json.load(open(os.path.join(exported, "model.json")))
+    assert meta["epoch"] == best and meta["metrics"]["val_mse"] == record["val_mse"], meta
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)

@@ -84,3 +84,20 @@ def test_a_loss_is_summed_per_sample_whatever_its_reduction():
     assert Task.loss_sum(40.0, 80, 8) == 4.0      # ten positions per sample: each sample's mean
     with pytest.raises(ValueError, match="81 values for a batch of 8"):
         Task.loss_sum(1.0, 81, 8)
+
+
+def test_monitor_picks_the_best_epoch_stops_after_patience_and_resumes_its_count():
+    from hvdtrain.config import ConfigError
+    from hvdtrain.monitor import Monitor
+    goals = {"val_loss": "min", "val_accuracy": "max"}
+    with pytest.raises(ConfigError, match="--monitor val_mse: this task's records have val_accuracy, val_loss"):
+        Monitor("val_mse", 0, goals)
+    m = Monitor("val_accuracy", 2, goals)
+    seen = [m.observe({"epoch": e, "val_accuracy": v}) for e, v in enumerate([0.5, 0.7, float("nan"), 0.6], 1)]
+    assert seen == [True, True, False, False] and m.best_epoch == 2 and m.stop
+    resumed = Monitor("val_accuracy", 2, goals)
+    resumed.load(m.state())
+    assert resumed.stop and resumed.best == 0.7
+    other = Monitor("val_loss:max", 2, goals)  # another key or direction starts its own count
+    other.load(m.state())
+    assert other.best is None and other.goal == "max"
