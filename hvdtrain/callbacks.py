@@ -35,6 +35,16 @@ class Callback:
         pass
 
 
+def format_figures(figures: Dict[str, Any]) -> str:
+    """Validation figures as ``key value`` pairs, accuracies (``val_accuracy``, ``val_topK``) as percentages."""
+    def one(key, value):
+        name = key[4:] if key.startswith("val_") else key
+        if name == "accuracy" or (name.startswith("top") and name[3:].isdigit()):
+            return f"{key} {100 * value:.2f}%"
+        return f"{key} {value:.6g}"
+    return ", ".join(one(k, v) for k, v in figures.items() if v is not None)
+
+
 def format_record(r: Dict[str, Any], epochs: int) -> str:
     """An epoch's record as one line: losses, every val_ metric (accuracies as percentages), throughput."""
     parts = [f"epoch {r['epoch']}/{epochs}", f"train_loss {r['train_loss']:.4f}"]

@@ -39,7 +39,7 @@ USAGE = """usage: python -m hvdtrain COMMAND ...
 commands:
   recipe NAME [--option value ...]   train a recipe (NAME from 'list', or package.module:TrainerClass)
   eval SOURCE [--option value ...]   evaluate a run's checkpoint (or an export, .pt, .params) on the recipe's
-                                     validation set, under horovodrun like training: loss, top-1, top-5
+                                     validation set, under horovodrun like training: the recipe's loss and metrics
   export SOURCE [--format native|onnx] [--framework torch|mxnet] [--output DIR]
                                      the trained model in a framework's own format or ONNX, with model.json
   list                               the recipes installed
@@ -90,9 +90,14 @@ def cmd_recipe(argv: List[str]) -> int:
     trainer.backend.shutdown()
     if trainer.backend.rank == 0:
         metrics = os.path.join(trainer.cfg.output_dir, "metrics.jsonl")
+        figures = {k: v for k, v in (record or {}).items() if k.startswith("val_") and k != "val_loss"}
         if record is not None and record.get("val_accuracy") is not None:
             print(f"hvdtrain: done: val_accuracy {100 * record['val_accuracy']:.2f}% after epoch "
                   f"{record['epoch']}; metrics in {metrics}", flush=True)
+        elif any(v is not None for v in figures.values()):
+            from .callbacks import format_figures
+            print(f"hvdtrain: done: {format_figures(figures)} after epoch {record['epoch']}; metrics in {metrics}",
+                  flush=True)
         else:
             print(f"hvdtrain: done; metrics in {metrics}", flush=True)
     return 0

@@ -28,10 +28,8 @@ def run_eval(trainer) -> Dict[str, Any]:
         if b.rank == 0:
             with open(os.path.join(cfg.output_dir, "eval.json"), "w") as f:
                 json.dump(out, f, indent=2)
-            figures = ", ".join(
-                f"{k} {100 * v:.2f}%" if k == "val_accuracy" or (k.startswith("val_top") and k[7:].isdigit())
-                else f"{k} {v:.6g}" for k, v in metrics.items() if v is not None)
-            print(f"hvdtrain: eval: {figures} over {out['count']} samples on {out['world_size']} worker(s); "
+            from .callbacks import format_figures
+            print(f"hvdtrain: eval: {format_figures(metrics)} over {out['count']} samples on {out['world_size']} worker(s); "
                   f"{cfg.output_dir}/eval.json", flush=True)
         return out
     return trainer.guarded(work)
