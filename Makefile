@@ -2,7 +2,8 @@
 #   make install   .venv with the pinned stack and a Horovod built for it (cached wheel after the first build)
 #   make demo      install, then train Fashion-MNIST on 2 Horovod workers (installed with apt as root; where it cannot
 #                  be, the embedded digits instead, said in one line)
-#   make test      install, then run the test suite
+#   make test      install, then run the test suite (the strict docs build included)
+#   make docs      install, then build the documentation site into site/ (strict: a broken link fails)
 # FRAMEWORKS (default "torch mxnet") chooses what is installed and what Horovod is built for; GPU hosts choose the
 # framework builds with TORCH_SPEC / TORCH_INDEX / MXNET_SPEC and one framework per environment (README, GPU hosts),
 #   e.g. make install FRAMEWORKS=torch VENV=.venv-gpu TORCH_INDEX=https://<your torch wheel index>/cu128 HOROVOD_GPU_OPERATIONS=NCCL
@@ -32,7 +33,7 @@ export HVDTRAIN_FRAMEWORKS := $(FRAMEWORKS)
 FRAMEWORK_SPECS := $(if $(filter torch,$(FRAMEWORKS)),"$(TORCH_SPEC)") \
 	$(if $(filter mxnet,$(FRAMEWORKS)),"$(MXNET_SPEC)" "$(GLUONCV_SPEC)")
 
-.PHONY: install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network \
+.PHONY: docs install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network \
 	convergence test test-stacks test-unit data doctor clean
 
 install: deps horovod
@@ -43,7 +44,7 @@ $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
 	@bash scripts/check_stack.sh "$(PYTHON)" "$(FRAMEWORKS)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(FRAMEWORK_SPECS) \
-		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test$(if $(filter torch,$(FRAMEWORKS)),$(COMMA)onnx)]"
+		"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,test,docs$(if $(filter torch,$(FRAMEWORKS)),$(COMMA)onnx)]"
 	@touch $@
 
 horovod: deps
@@ -145,6 +146,9 @@ bench-network: install
 	$(PY) -m hvdtrain bench network --output-dir runs/bench/network
 
 # The real-data tests want Fashion-MNIST: installed where possible, skipped with the reason where not.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 test: install
 	-@bash scripts/install_fashion_mnist.sh
 	$(PY) -m pytest -q

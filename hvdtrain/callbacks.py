@@ -14,25 +14,27 @@ from .phases import format_phases, stragglers
 
 
 class Callback:
-    """Hooks called by the Trainer on rank 0. ``record`` is one epoch's metrics (see metrics.jsonl)."""
+    """Hooks called by the Trainer on rank 0. ``record`` is one epoch's metrics (see metrics.jsonl).
+
+    Pass instances to ``Trainer(cfg, callbacks=[...])``; each method does nothing unless overridden."""
 
     def on_train_start(self, trainer, start_epoch: int) -> None:
-        pass
+        """Before the first epoch; ``start_epoch`` epochs are already complete (a resumed run)."""
 
     def on_epoch_start(self, trainer, epoch: int, steps: int) -> None:
-        pass
+        """Before epoch ``epoch`` (counted from 0), which has ``steps`` optimizer steps left to run."""
 
     def on_step_end(self, trainer, epoch: int, step_in_epoch: int, global_step: int, lr: float) -> None:
-        pass
+        """After each optimizer step: its place in the epoch and in the run, and the learning rate it used."""
 
     def on_log(self, trainer, global_step: int, metrics: Dict[str, float]) -> None:
-        pass
+        """Every ``--log-every`` steps: the running training means (``loss``...), averaged across ranks."""
 
     def on_epoch_end(self, trainer, record: Dict[str, Any]) -> None:
-        pass
+        """After each epoch's evaluation and checkpoint: its record (a line of metrics.jsonl)."""
 
     def on_train_end(self, trainer, last: Optional[Dict[str, Any]]) -> None:
-        pass
+        """After the last epoch (or --max-steps, --early-stop): the last record, None when nothing was trained."""
 
 
 def format_figures(figures: Dict[str, Any]) -> str:

@@ -410,6 +410,8 @@ class Trainer:
         return out
 
     def lr_at(self, epoch: float) -> float:
+        """The learning rate at a fractional epoch: --base-lr scaled by the workers and --accumulate, linear warmup,
+        then --lr-mode's decay (:func:`hvdtrain.schedule.learning_rate`)."""
         cfg = self.cfg
         return schedule.learning_rate(
             epoch, base_lr=cfg.base_lr, world_size=self.backend.lr_workers(cfg), accumulate=cfg.accumulate,
