@@ -5,7 +5,7 @@
 #   make test      install, then run the test suite (the strict docs build included)
 #   make docs      install, then build the documentation site into site/ (strict: a broken link fails)
 # FRAMEWORKS (default "torch mxnet") chooses what is installed and what Horovod is built for; GPU hosts choose the
-# framework builds with TORCH_SPEC / TORCH_INDEX / MXNET_SPEC and one framework per environment (README, GPU hosts),
+# framework builds with TORCH_SPEC / TORCH_INDEX / MXNET_SPEC and one framework per environment (docs/gpu.md),
 #   e.g. make install FRAMEWORKS=torch VENV=.venv-gpu TORCH_INDEX=https://<your torch wheel index>/cu128 HOROVOD_GPU_OPERATIONS=NCCL
 
 PYTHON      ?= python3.11
