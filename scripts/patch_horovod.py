@@ -27,6 +27,15 @@
    And the top-level CMakeLists looks for a CUDA compiler only then: an nvcc on PATH without the toolkit's runtime
    otherwise fails enable_language(CUDA) ("Couldn't find CUDA library root") in a build that compiles no CUDA.
 
+5. A PyTorch rank that waits for a collective by spinning: horovod.torch's WaitAndClear (hvd.synchronize, and so
+   DistributedOptimizer.synchronize) polls the op's handle in a loop, releasing and retaking the GIL and yielding
+   between polls, so the waiting thread keeps a core busy for as long as the collective takes. Under a container's
+   CPU quota that core's share is what Horovod's background thread needs to move the bytes (measured: one 6.5 MB
+   allreduce 4.5x slower through horovod.torch than through horovod.mxnet at 0.4 cores per host). The handle
+   manager gets a condition variable that MarkDone (and Reset) notifies, and WaitAndClear sleeps on it with the GIL
+   released once: no spinning, and no fixed sleep to add latency (the wake-up is the op's completion itself).
+   HOROVOD_SPIN_WAIT=1 restores the loop, for benchmarks that compare the two in one build.
+
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
 """
@@ -147,6 +156,78 @@ CUDA_LANGUAGE = [  # (old, new) in the top-level CMakeLists.txt: the compiler se
 ]
 
 
+HANDLES_H = os.path.join("horovod", "torch", "handle_manager.h")
+HANDLES_CC = os.path.join("horovod", "torch", "handle_manager.cc")
+TORCH_OPS = os.path.join("horovod", "torch", "mpi_ops_v2.cc")
+# (file, old, new, count) for fix 5.
+BLOCKING_WAIT = [
+    (HANDLES_H, "#include <atomic>\n", "#include <atomic>\n#include <condition_variable>\n", 1),
+    (HANDLES_H, "  std::shared_ptr<Status> ReleaseHandle(int handle);\n",
+     "  std::shared_ptr<Status> ReleaseHandle(int handle);\n"
+     "  // hvdtrain (fix 5): block until the handle is done (or cleared), without spinning\n"
+     "  void WaitForHandle(int handle);\n", 1),
+    (HANDLES_H, "  std::mutex mutex_;\n", "  std::mutex mutex_;\n  std::condition_variable done_;  // hvdtrain (fix 5)\n", 1),
+    (HANDLES_CC, """void HandleManager::MarkDone(int handle, const Status& status) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  results_[handle] = std::make_shared<Status>(status);
+}
+""", """void HandleManager::MarkDone(int handle, const Status& status) {
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    results_[handle] = std::make_shared<Status>(status);
+  }
+  done_.notify_all();  // hvdtrain (fix 5)
+}
+
+// hvdtrain (fix 5): the waiting thread sleeps until MarkDone or Reset instead of polling.
+void HandleManager::WaitForHandle(int handle) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (results_.find(handle) == results_.end()) {
+    throw std::invalid_argument("Handle " + std::to_string(handle) +
+                                " was not created or has been cleared.");
+  }
+  done_.wait(lock, [&] {
+    auto found = results_.find(handle);
+    return found == results_.end() || found->second != nullptr;
+  });
+}
+""", 1),
+    (HANDLES_CC, """  results_.clear();
+  last_handle_ = 0;
+}
+""", """  results_.clear();
+  last_handle_ = 0;
+  done_.notify_all();  // hvdtrain (fix 5): a waiter on a cleared handle wakes and reports it
+}
+""", 1),
+    (TORCH_OPS, """void WaitAndClear(int handle) {
+  while (true) {
+    if (handle_manager.PollHandle(handle)) break;
+    {
+      py::gil_scoped_release release_python_gil;
+      std::this_thread::yield();
+    }
+  }
+""", """void WaitAndClear(int handle) {
+  // hvdtrain (fix 5): sleep until the op completes; spinning here took the CPU the background thread needs.
+  // HOROVOD_SPIN_WAIT=1 keeps 0.28.1's loop (for a side-by-side measurement).
+  static const bool spin = std::getenv("HOROVOD_SPIN_WAIT") != nullptr &&
+                           std::string(std::getenv("HOROVOD_SPIN_WAIT")) == "1";
+  while (spin) {
+    if (handle_manager.PollHandle(handle)) break;
+    {
+      py::gil_scoped_release release_python_gil;
+      std::this_thread::yield();
+    }
+  }
+  if (!spin) {
+    py::gil_scoped_release release_python_gil;
+    handle_manager.WaitForHandle(handle);
+  }
+""", 1),
+]
+
+
 class PatchError(RuntimeError):
     pass
 
@@ -174,6 +255,7 @@ def patch(src: str) -> List[Tuple[str, str]]:
     done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in IDLE_WAIT]
     done.append((FIND_PYTORCH, _replace(os.path.join(src, FIND_PYTORCH), CUDA_TEST, CPU_UNLESS_ASKED, 1)))
     done += [(CXX_FILES[0], _replace(os.path.join(src, CXX_FILES[0]), old, new, 1)) for old, new in CUDA_LANGUAGE]
+    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in BLOCKING_WAIT]
     return done
 
 

@@ -34,6 +34,7 @@ import glob
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -256,50 +257,80 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
         return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"]}
 
 
-def _collectives(cluster: Cluster, n: int, elements: int, timeout: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+FRONTENDS = {"mxnet": ("mxnet", {}), "torch": ("torch", {"HOROVOD_SPIN_WAIT": "0"}),
+             "torch-spin": ("torch", {"HOROVOD_SPIN_WAIT": "1"})}
+"""How the collectives can be timed: through horovod.mxnet (which waits on MXNet's engine), through horovod.torch
+with hvdtrain's blocking wait (scripts/patch_horovod.py, fix 5), or with horovod.torch 0.28.1's spinning wait."""
+
+
+def _collectives(cluster: Cluster, n: int, elements: int, timeout: float,
+                 frontend: str = "mxnet") -> Tuple[Dict[str, float], Dict[str, float]]:
     """Seconds per operation of the collectives a step sends, each timed on its own on the same links (the plain
     step's allreduce of the gradients, and --shard-optimizer's reduce-scatter of them and allgather of one shard),
-    and rank 0's CPU seconds per operation."""
+    and rank 0's CPU seconds per operation, through ``frontend`` (:data:`FRONTENDS`)."""
+    framework, env = FRONTENDS[frontend]
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
         cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.allreduce_worker", "horovod", "shard", "--elements",
-                                   str(elements), "--framework", "mxnet", "--rounds", "10", "--result", result])
-        row = run_worker(cmd, result, timeout, f"the collectives on {n} host(s)",
-                         {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1"})
+                                   str(elements), "--framework", framework, "--rounds", "10", "--result", result])
+        row = run_worker(cmd, result, timeout, f"the collectives on {n} host(s) through {frontend}",
+                         {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1", **env})
         return {op: row[op] for op in ("allreduce", "reducescatter", "allgather")}, row["cpu_seconds"]
 
 
-def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate: str, timeout: float) -> Dict:
+def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate: str, timeout: float,
+                      frontends: Sequence[str] = ("mxnet",), rounds: int = 1) -> Dict:
     """The step's collectives alone on the links at each host count, and the time their bytes take at the rate: the
     ring allreduce sends and receives 2(n-1)/n of the gradients per host, the reduce-scatter and the allgather
-    (n-1)/n each."""
+    (n-1)/n each. Through each of ``frontends``, interleaved over ``rounds`` (the median per operation); the first
+    frontend's figures are also the top-level ``collectives_seconds``."""
     elements = gradient_bytes(hidden) // 4
-    timed = {n: _collectives(cluster, n, elements, timeout) for n in hosts}
+    samples: Dict[str, Dict[int, List]] = {fe: {n: [] for n in hosts} for fe in frontends}
+    for _ in range(rounds):
+        for n in hosts:
+            for fe in frontends:
+                samples[fe][n].append(_collectives(cluster, n, elements, timeout, fe))
+    per = {fe: {"collectives_seconds": {n: _median_ops([t[0] for t in samples[fe][n]]) for n in hosts},
+                "collectives_cpu_seconds": {n: _median_ops([t[1] for t in samples[fe][n]]) for n in hosts},
+                "samples": {n: [t[0] for t in samples[fe][n]] for n in hosts}} for fe in frontends}
     link = {n: (n - 1) / n * elements * 4 * 8 / rate_bits(rate) for n in hosts}
-    return {"collectives_seconds": {n: t[0] for n, t in timed.items()},
-            "collectives_cpu_seconds": {n: t[1] for n, t in timed.items()},  # rank 0's process, per operation
-            "collectives_ideal_seconds": {n: {"allreduce": 2 * link[n], "reducescatter": link[n], "allgather": link[n]}
-                                          for n in hosts}}
+    first = per[frontends[0]]
+    out = {"collectives_seconds": first["collectives_seconds"],
+           "collectives_cpu_seconds": first["collectives_cpu_seconds"],  # rank 0's process, per operation
+           "collectives_ideal_seconds": {n: {"allreduce": 2 * link[n], "reducescatter": link[n], "allgather": link[n]}
+                                         for n in hosts}}
+    if len(frontends) > 1:
+        out["frontends"] = per
+    return out
+
+
+def _median_ops(rows: List[Dict[str, float]]) -> Dict[str, float]:
+    return {op: statistics.median(r[op] for r in rows) for op in rows[0]}
 
 
 def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
-                     cpu_quota: float = 0.0) -> Dict:
-    """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes)."""
+                     cpu_quota: float = 0.0, frontends: Sequence[str] = ("mxnet",), rounds: int = 1) -> Dict:
+    """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes), through
+    each of ``frontends``."""
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
-        rows = _collectives_rows(cluster, hosts, hidden, rate, timeout)
-    return {"benchmark": "network collectives", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
+        rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds)
+    return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
+            "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_bytes(hidden) / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _print_collectives(result: Dict) -> None:
-    for n, ops in result["collectives_seconds"].items():
-        ideal = result["collectives_ideal_seconds"][n]
-        print(f"{n} host(s), the step's collectives alone: " + ", ".join(
-            f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link, "
-            f"{1e3 * result['collectives_cpu_seconds'][n][op]:.0f} ms CPU)" for op, t in ops.items())
-            + f"; reduce-scatter + allgather / allreduce "
-              f"{(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}", flush=True)
+    timed = result.get("frontends") or {result.get("framework", "mxnet"): result}
+    for fe, res in timed.items():
+        via = f" through {fe}" if "frontends" in result else ""
+        for n, ops in res["collectives_seconds"].items():
+            ideal = result["collectives_ideal_seconds"][n]
+            print(f"{n} host(s), the step's collectives alone{via}: " + ", ".join(
+                f"{op} {1e3 * t:.0f} ms ({100 * ideal[op] / t:.0f}% of the link, "
+                f"{1e3 * res['collectives_cpu_seconds'][n][op]:.0f} ms CPU)" for op, t in ops.items())
+                + f"; reduce-scatter + allgather / allreduce "
+                  f"{(ops['reducescatter'] + ops['allgather']) / ops['allreduce']:.2f}", flush=True)
 
 
 def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_size: int,
@@ -404,7 +435,12 @@ def run(args) -> int:
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0:
         raise ConfigError("--cpu-quota, --burst and --warmup must be 0 or more")
     if args.collectives_only:
-        result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota)
+        frontends = [f for f in args.frontends.split(",") if f]
+        unknown = [f for f in frontends if f not in FRONTENDS]
+        if unknown or not frontends:
+            raise ConfigError(f"--frontends {args.frontends!r}: choose from {', '.join(FRONTENDS)}")
+        result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
+                                  frontends=frontends, rounds=args.rounds)
         _print_collectives(result)
         os.makedirs(args.output_dir, exist_ok=True)
         path = os.path.join(args.output_dir, "collectives.json")
@@ -443,4 +479,8 @@ def add_parser(sub) -> None:
     p.add_argument("--collectives-only", action="store_true",
                    help="time the step's collectives alone on the same links (allreduce; --shard-optimizer's "
                         "reduce-scatter and allgather), no training arms")
+    p.add_argument("--frontends", default="mxnet",
+                   help="with --collectives-only: the Horovod frontends to time them through, comma-separated, "
+                        "interleaved over --rounds: mxnet, torch (hvdtrain's blocking wait), torch-spin "
+                        "(horovod.torch 0.28.1's spinning wait)")
     p.add_argument("--output-dir", default="runs/bench")

@@ -36,3 +36,26 @@ def test_backend_object_broadcast_and_metric_sum(framework):
     total = backend.allreduce_sum({"one": 1.0, "rank": float(backend.rank)})
     assert total == {"one": float(backend.size), "rank": float(sum(range(backend.size)))}
     assert backend.threads >= 1
+
+
+def test_a_rank_waiting_for_a_late_partner_does_not_spin(ops):
+    # horovod.torch 0.28.1 waits for a collective by polling its handle in a loop: the waiting thread keeps a core
+    # busy for as long as the slowest rank takes, which under a CPU quota is the share Horovod's background thread
+    # needs to move the bytes (scripts/patch_horovod.py, fix 5). Rank 0 waits about 3 s for rank 1; its waiting
+    # thread's own CPU time (time.thread_time: this thread only, not Horovod's) stays near zero. A spinning wait takes
+    # about 1 s of CPU per second of waiting, half of that on a machine loaded with as many spinners as cores.
+    import time
+    hvd = ops.hvd
+    if ops.framework != "torch":
+        return  # horovod.mxnet waits through MXNet's engine, which blocks
+    hvd.allreduce(ops.tensor([0.0]), name="t.late.ready")  # both ranks here
+    late = 3.0
+    if hvd.rank() == 1:
+        time.sleep(late)
+    wall, cpu = time.monotonic(), time.thread_time()
+    total = ops.to_numpy(hvd.allreduce(ops.tensor([1.0]), name="t.late", op=hvd.Sum))
+    wall, cpu = time.monotonic() - wall, time.thread_time() - cpu
+    np.testing.assert_allclose(total, [float(hvd.size())])
+    if hvd.rank() == 0:
+        assert wall > 0.5 * late, wall  # it did wait for rank 1
+        assert cpu < 0.1 * wall, f"the waiting thread used {cpu:.2f} s of CPU in {wall:.2f} s of waiting"
