@@ -34,7 +34,8 @@
    allreduce 4.5x slower through horovod.torch than through horovod.mxnet at 0.4 cores per host). The handle
    manager gets a condition variable that MarkDone (and Reset) notifies, and WaitAndClear sleeps on it with the GIL
    released once: no spinning, and no fixed sleep to add latency (the wake-up is the op's completion itself).
-   HOROVOD_SPIN_WAIT=1 restores the loop, for benchmarks that compare the two in one build.
+   HOROVOD_SPIN_WAIT=1 restores the loop (read at each wait): where a rank has whole cores of its own, spinning
+   measured faster (the wake-up of a blocked thread costs more than the spin), so hvdtrain chooses per rank.
 
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
@@ -210,9 +211,9 @@ void HandleManager::WaitForHandle(int handle) {
   }
 """, """void WaitAndClear(int handle) {
   // hvdtrain (fix 5): sleep until the op completes; spinning here took the CPU the background thread needs.
-  // HOROVOD_SPIN_WAIT=1 keeps 0.28.1's loop (for a side-by-side measurement).
-  static const bool spin = std::getenv("HOROVOD_SPIN_WAIT") != nullptr &&
-                           std::string(std::getenv("HOROVOD_SPIN_WAIT")) == "1";
+  // HOROVOD_SPIN_WAIT=1 keeps 0.28.1's loop (read at each wait, so a process may switch).
+  const char* spin_env = std::getenv("HOROVOD_SPIN_WAIT");
+  const bool spin = spin_env != nullptr && std::string(spin_env) == "1";
   while (spin) {
     if (handle_manager.PollHandle(handle)) break;
     {

@@ -206,12 +206,23 @@ def horovod_environment(cfg) -> None:
     # negotiating every cycle, then lets one cycle time pass so that the other ranks' tensors are queued too
     # (docs/benchmarks.md, "Horovod against DDP": it ties with negotiating at once, 2).
     os.environ.setdefault("HOROVOD_IDLE_WAIT", "1")
+    os.environ.setdefault("HOROVOD_SPIN_WAIT", spin_wait())
     if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
         os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
     if cfg.autotune:
         os.makedirs(cfg.output_dir, exist_ok=True)  # rank 0 opens the log in hvd.init()
         os.environ["HOROVOD_AUTOTUNE"] = "1"
         os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.abspath(os.path.join(cfg.output_dir, "autotune.csv")))
+
+
+def spin_wait(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> str:
+    """How horovod.torch waits for a collective (hvdtrain's Horovod, scripts/patch_horovod.py fix 5), as
+    ``HOROVOD_SPIN_WAIT``: "0" (block until the op completes) under a cgroup CPU quota, where every cycle the waiting
+    thread spins is taken from the quota Horovod's own thread needs to move the bytes (an allreduce 1.6x slower at 0.4
+    cores per host); "1" (0.28.1's spinning wait) where the rank's cores are its own, as measured faster there (2
+    ranks on 2 cores: 1,861 against 1,591 img/s, the wake-up of a blocked thread costing more than the spin; docs/
+    benchmarks.md). A user's HOROVOD_SPIN_WAIT wins."""
+    return "0" if cgroup_cpu_quota(proc_cgroup, root) is not None else "1"
 
 
 def preload_image_codecs() -> None:

@@ -38,16 +38,18 @@ def test_backend_object_broadcast_and_metric_sum(framework):
     assert backend.threads >= 1
 
 
-def test_a_rank_waiting_for_a_late_partner_does_not_spin(ops):
+def test_a_rank_waiting_for_a_late_partner_does_not_spin(ops, monkeypatch):
     # horovod.torch 0.28.1 waits for a collective by polling its handle in a loop: the waiting thread keeps a core
     # busy for as long as the slowest rank takes, which under a CPU quota is the share Horovod's background thread
-    # needs to move the bytes (scripts/patch_horovod.py, fix 5). Rank 0 waits about 3 s for rank 1; its waiting
+    # needs to move the bytes (scripts/patch_horovod.py, fix 5: hvdtrain blocks under a quota, HOROVOD_SPIN_WAIT=0,
+    # and keeps the spin on cores of the rank's own, where it measured faster). Rank 0 waits about 3 s for rank 1; its waiting
     # thread's own CPU time (time.thread_time: this thread only, not Horovod's) stays near zero. A spinning wait takes
     # about 1 s of CPU per second of waiting, half of that on a machine loaded with as many spinners as cores.
     import time
     hvd = ops.hvd
     if ops.framework != "torch":
         return  # horovod.mxnet waits through MXNet's engine, which blocks
+    monkeypatch.setenv("HOROVOD_SPIN_WAIT", "0")  # read at each wait
     hvd.allreduce(ops.tensor([0.0]), name="t.late.ready")  # both ranks here
     late = 3.0
     if hvd.rank() == 1:

@@ -125,3 +125,11 @@ def test_a_cgroup_namespace_reads_its_own_root(tmp_path):
     from hvdtrain.backends.resources import cgroup_cpu_quota
     proc, root = _tree(tmp_path, "0::/../../kubepods/pod9\n", {"cpu.max": "100000 100000\n"})
     assert cgroup_cpu_quota(proc, root)[0] == 1.0
+
+
+def test_horovod_torch_blocks_while_waiting_under_a_quota_and_spins_on_cores_of_its_own(tmp_path, monkeypatch):
+    from hvdtrain.backends.resources import spin_wait
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    limited = _tree(tmp_path / "a", "0::/ctr\n", {"ctr/cpu.max": "40000 100000\n"})
+    free = _tree(tmp_path / "b", "0::/ctr\n", {"ctr/cpu.max": "max 100000\n"})
+    assert spin_wait(*limited) == "0" and spin_wait(*free) == "1"
