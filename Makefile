@@ -149,9 +149,12 @@ bench-network: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
+# Two pytest workers: the suite leaves about half of a 2-core machine idle (its jobs wait on start-ups, timeouts and
+# each other); files run whole in one worker, the machine-wide ones one after another (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install
 	-@bash scripts/install_fashion_mnist.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Each supported Python beside 3.11 in its own venv, 1 epoch of MNIST on 2 ranks each (a Horovod build per Python:
 # about 5 minutes each here, and PyTorch's CUDA wheel past 3.11); runs/stacks/matrix.md. Not part of make test.
