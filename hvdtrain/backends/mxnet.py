@@ -392,7 +392,8 @@ class MXNetBackend(Backend):
             float(loss.astype("float64").sum().asscalar()), loss.size, n), n
 
     def _floating(self, a: Any) -> bool:
-        return isinstance(a, self.mx.nd.NDArray) and np.dtype(a.dtype).kind == "f"
+        """A floating-point NDArray: float16/32/64, and bfloat16 (which numpy sees as a 2-byte record, not a float)."""
+        return isinstance(a, self.mx.nd.NDArray) and (np.dtype(a.dtype).kind == "f" or "bfloat16" in str(a.dtype))
 
     def _compute_dtype(self, batch: Any) -> Any:
         """The batch's floating-point arrays in the network's dtype (float16 under fp16); integers as they are."""

@@ -69,7 +69,7 @@ def run_arm(recipe: str, framework: str, np_: int, accumulate: int, seed: int, e
     result = {"np": np_, "accumulate": accumulate, "seed": seed, "global_batch": config["global_batch"],
               "seconds": seconds, "val_accuracy": [r["val_accuracy"] for r in records],
               "final_accuracy": records[-1]["val_accuracy"], "best_accuracy": max(r["val_accuracy"] for r in records),
-              "lr": [r["lr"] for r in records], "images_per_sec": [r["images_per_sec"] for r in records]}
+              "lr": [r["lr"] for r in records], "images_per_sec": [r["samples_per_sec"] for r in records]}
     with open(done, "w") as f:
         json.dump({"command": cmd[7:], "result": result}, f, indent=2)
     return result

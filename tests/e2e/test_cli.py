@@ -11,7 +11,7 @@ def error_lines(result):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["recipe", "nosuch"], "unknown recipe 'nosuch'; available: fashion-mnist, imagenet, mnist"),
+    (["recipe", "nosuch"], "unknown recipe 'nosuch'; available: charlm, fashion-mnist, imagenet, mnist, regression"),
     (["recipe", "mnist", "--framework", "jax"], "--framework expects one of torch, mxnet, got 'jax'"),
     (["recipe", "mnist", "--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["recipe", "mnist", "--epochs", "two"], "--epochs expects an integer, got 'two'"),
