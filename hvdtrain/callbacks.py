@@ -37,13 +37,16 @@ class Callback:
         """After the last epoch (or --max-steps, --early-stop): the last record, None when nothing was trained."""
 
 
+def _is_share(key: str) -> bool:
+    """Whether a record key is an accuracy (``val_accuracy``, ``val_topK``), shown as a percentage."""
+    name = key[4:] if key.startswith("val_") else key
+    return name == "accuracy" or (name.startswith("top") and name[3:].isdigit())
+
+
 def format_figures(figures: Dict[str, Any]) -> str:
     """Validation figures as ``key value`` pairs, accuracies (``val_accuracy``, ``val_topK``) as percentages."""
     def one(key, value):
-        name = key[4:] if key.startswith("val_") else key
-        if name == "accuracy" or (name.startswith("top") and name[3:].isdigit()):
-            return f"{key} {100 * value:.2f}%"
-        return f"{key} {value:.6g}"
+        return f"{key} {100 * value:.2f}%" if _is_share(key) else f"{key} {value:.6g}"
     return ", ".join(one(k, v) for k, v in figures.items() if v is not None)
 
 
@@ -54,9 +57,8 @@ def format_record(r: Dict[str, Any], epochs: int) -> str:
         parts.append(f"val_loss {r['val_loss']:.4f}")
         for key, value in r.items():
             if key.startswith("val_") and key != "val_loss" and value is not None:
-                name = key[4:]
-                if name == "accuracy" or (name.startswith("top") and name[3:].isdigit()):
-                    parts.append(f"{'val_acc' if name == 'accuracy' else name} {100 * value:.2f}%")
+                if _is_share(key):
+                    parts.append(f"{'val_acc' if key == 'val_accuracy' else key[4:]} {100 * value:.2f}%")
                 else:
                     parts.append(f"{key} {value:.4g}")
     if "images_per_sec" in r:
