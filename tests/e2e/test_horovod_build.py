@@ -78,3 +78,17 @@ def test_an_idle_background_thread_waits_for_work_instead_of_cycling():
     cycling, waiting = _idle("0"), _idle("1")
     assert max(r["idle_cpu"] for r in waiting) * 2 < min(r["idle_cpu"] for r in cycling), (cycling, waiting)
     assert all(r["shutdown_s"] < 5 for r in waiting), waiting
+
+
+def test_horovodruns_build_checks_read_the_library_without_importing_a_framework(tmp_path):
+    """Fix 6: horovodrun asks what the build holds (gloo_built, mpi_built) without importing a framework, which cost
+    every launch PyTorch's import. With torch and mxnet made unimportable, the checks still answer from the
+    libraries (0.28.1's check imports them, fails, and answers None: "Gloo support has not been built")."""
+    for name in ("torch", "mxnet"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} must not be imported here')\n")
+    probe = ("from horovod.common import util\n"
+             "print(util.gloo_built(), util.mpi_built(), bool(util.nccl_built()))\n")
+    result = run([PY, "-c", probe], timeout=120, PYTHONPATH=str(tmp_path))
+    assert result.returncode == 0, describe(result)
+    assert result.stdout.split() == ["True", "True", "False"], describe(result)

@@ -22,7 +22,7 @@ def fake_sdist(root):
     top.write_text(top.read_text() + "".join(old for old, _new in patch_horovod.CUDA_LANGUAGE))
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
     texts = {patch_horovod.OPERATIONS: [sites]}
-    for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT:
+    for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS:
         texts.setdefault(name, []).append(old)
     texts[patch_horovod.FIND_PYTORCH] = ["find_package_handle_standard_args(Pytorch)", patch_horovod.CUDA_TEST,
                                          "if (Pytorch_CUDA OR Pytorch_ROCM)"]
@@ -49,7 +49,9 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
     find = (src / patch_horovod.FIND_PYTORCH).read_text()
     assert find.index("if(Pytorch_CUDA AND NOT HAVE_CUDA)") < find.index("if (Pytorch_CUDA OR Pytorch_ROCM)"), \
         "a CUDA torch counts as a CPU one, unless GPU operations were asked for, before the extension type is chosen"
-    later = patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT
+    util = (src / patch_horovod.UTIL).read_text()
+    assert "_extension_library(ext_base_name)" in util and "def _extension_library(" in util
+    later = patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
     fixes = 4 + len(later) + len(patch_horovod.CUDA_LANGUAGE)
