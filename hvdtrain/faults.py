@@ -47,6 +47,24 @@ def is_collective_failure(exc: BaseException) -> bool:
     return any(marker in text for marker in COLLECTIVE_FAILURE_MARKERS)
 
 
+def failure_to_raise(e: BaseException, reporter: "RankReporter", output_dir: str) -> Optional[BaseException]:
+    """A rank's failure: written to OUTPUT_DIR/errors/rank-N.txt and named in one line on stderr. When the rank
+    stopped only because the job's collectives broke (Horovod's own message, "Horovod has been shut down" or a Gloo
+    timeout, hides the cause), the :class:`JobFailed` to raise instead, naming the rank that failed first and its
+    error (read from the other ranks' error files and heartbeats); None when ``e`` itself is the cause."""
+    path = reporter.record_error(e)
+    rank = reporter.rank
+    if not is_collective_failure(e):
+        mark_reported(e, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300] + f" (traceback: {path})")
+        return None
+    why = explain_failure(output_dir, rank)
+    failure = JobFailed(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "
+                        + (why if why else "the cause is on another rank: see its output above")
+                        + f"; this rank's traceback: {path}")
+    mark_reported(failure, rank, str(failure))
+    return failure
+
+
 class RankReporter:
     """Heartbeats and error records of one rank in ``output_dir``.
 

@@ -187,3 +187,14 @@ class Tally:
         """``val_NAME`` of every metric from the totals over every rank."""
         return {f"val_{m.name}": m.value(total[self.offsets[i]:self.offsets[i + 1]])
                 for i, m in enumerate(self.metrics)}
+
+
+def throughput(samples_per_sec: float, sample_unit: str = "samples", tokens_per_sample: int = 0) -> Dict[str, float]:
+    """An epoch record's speed, named after what it counts: ``samples_per_sec`` always, ``UNIT_per_sec`` too for a
+    task whose samples are e.g. images, and ``tokens_per_sec`` for a sequence task of ``tokens_per_sample``."""
+    out = {"samples_per_sec": samples_per_sec}
+    if sample_unit != "samples":
+        out[f"{sample_unit}_per_sec"] = samples_per_sec
+    if tokens_per_sample:
+        out["tokens_per_sec"] = samples_per_sec * tokens_per_sample
+    return out

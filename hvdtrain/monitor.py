@@ -8,6 +8,7 @@ comes back on resume, so a resumed run stops where an uninterrupted one would.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Dict, Optional
 
 from .config import ConfigError
@@ -43,6 +44,14 @@ class Monitor:
     def stop(self) -> bool:
         """--early-stop: no improvement for ``patience`` epochs in a row."""
         return bool(self.patience) and self.since >= self.patience
+
+    def stopped(self, epoch: int, report: bool, output_dir: str) -> bool:
+        """Before the next epoch, ``epoch`` epochs done: --early-stop's verdict (every rank decides alike, from
+        allreduced values); with ``report`` (rank 0) a line says so and where the best epoch's checkpoint is."""
+        if self.stop and report:
+            print(f"hvdtrain: early stop after epoch {epoch}: {self.describe()}; the best "
+                  f"epoch's checkpoint is in {os.path.join(output_dir, BEST_DIR)}", flush=True)
+        return self.stop
 
     def describe(self) -> str:
         best = "none yet" if self.best is None else f"{self.best:.6g} at epoch {self.best_epoch}"

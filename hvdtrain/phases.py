@@ -11,7 +11,7 @@ Framework-agnostic: the backend hands in its ``synchronize`` function.
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 PHASES = ("data", "forward", "backward", "allreduce", "step", "other")
 """The phases in the order a step runs them. ``other``: reading the loss back (where an asynchronous engine's queued
@@ -129,3 +129,18 @@ def stragglers(record: Dict[str, object], ratio: float = 1.25, share: float = 0.
 def format_phases(means: Dict[str, float], phases: Iterable[str] = PHASES) -> str:
     total = sum(means.get(p, 0.0) for p in phases) or 1.0
     return "  ".join(f"{p} {1000 * means.get(p, 0.0):.1f}ms ({100 * means.get(p, 0.0) / total:.0f}%)" for p in phases)
+
+
+def epoch_timing(timer: PhaseTimer, backend, profiled: bool, steps: int, train_seconds: float, epoch_seconds: float,
+                 cpu_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """An epoch's per-phase step times across the job: every rank's phase means, its training time, its time for the
+    whole epoch and its process's CPU time while training, gathered in one collective (``backend.allgather_floats``);
+    the phases averaged with the slowest rank of each (:func:`summarize`), every rank's CPU seconds per step, and the
+    slowest rank's training and epoch time, which are the job's."""
+    local = timer.local_means()
+    rows = backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds, cpu_seconds])
+    clock = "synchronized" if profiled else "launch" if backend.asynchronous else "host"
+    n = len(PHASES)
+    timing = summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[n] / max(steps, 1) for row in rows])
+    timing["cpu_seconds_per_step"] = [round(row[n + 2] / max(steps, 1), 6) for row in rows]  # by rank
+    return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}

@@ -33,10 +33,11 @@ from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
 from .checkpointer import Checkpointer, Position
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, split_batch, steps_per_epoch
-from .faults import JobFailed, RankReporter, explain_failure, is_collective_failure, mark_reported
+from .evaluation import Evaluator
+from .faults import RankReporter, failure_to_raise
 from .health import Health
 from .monitor import Monitor
-from .phases import PHASES, summarize
+from .phases import epoch_timing
 from .report import announce, autotune_best, format_autotune
 from .timeline import TimelineWindow
 
@@ -134,25 +135,14 @@ class Trainer:
                 self._output_lock.close()  # releases the flock: the directory is free for the next job
 
     def _failed(self, e: BaseException) -> Optional[BaseException]:
-        """Record and report a failure of fit() (see there); returns the exception to raise instead, if any."""
+        """Record and report a failure of fit() (:func:`hvdtrain.faults.failure_to_raise`), then stop Horovod in
+        order (MXNet's queued ops first) rather than at interpreter exit: the other ranks see the shutdown at once
+        instead of waiting for a timeout. Returns the exception to raise instead, if any."""
         try:
             if self.reporter is None or isinstance(e, (ConfigError, checkpoint.CheckpointError, KeyboardInterrupt)):
                 return None  # a one-line user error (the same on every rank), or an interrupt: nothing to explain
-            path = self.reporter.record_error(e)
-            rank = self.reporter.rank
-            if not is_collective_failure(e):
-                mark_reported(e, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300] + f" (traceback: {path})")
-                return None
-            # Horovod's own message ("Horovod has been shut down", a Gloo timeout) hides the cause: name it instead.
-            why = explain_failure(self.cfg.output_dir, rank)
-            failure = JobFailed(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "
-                                + (why if why else "the cause is on another rank: see its output above")
-                                + f"; this rank's traceback: {path}")
-            mark_reported(failure, rank, str(failure))
-            return failure
+            return failure_to_raise(e, self.reporter, self.cfg.output_dir)
         finally:
-            # Horovod: stop in order (MXNet's queued ops first) rather than at interpreter exit; the other ranks then
-            # see the shutdown at once instead of waiting for a timeout.
             if self.backend is not None:
                 self.backend.shutdown(failed=True)
 
@@ -169,7 +159,7 @@ class Trainer:
         # Before anything is written: a world the launcher did not start, or an output directory a live job holds.
         if not cfg.elastic:  # elastic worlds change size by design
             guard.check_world_size(backend.size, backend.mpi_built())
-        self._output_lock = self._take_output_dir()
+        self._output_lock = guard.take_output_dir(backend, cfg.output_dir, collective=not cfg.elastic)
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
@@ -183,17 +173,17 @@ class Trainer:
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self.datasets_for(backend.name, backend.size)
         backend.check_data(self.train_set, cfg)
-        self.metric_list = self.metrics()
-        metric_objects.Tally(self.metric_list)  # distinct names, checked before any training
-        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self._record_goals())
+        self.train_sampler = ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed)
+        self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
+                            if self.val_set is not None else None)
+        self.evaluator = Evaluator(backend, self.val_set, self.val_sampler, self.metrics(),
+                                   cfg.eval_batch_size or 2 * cfg.batch_size, cfg.num_workers)
+        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self.evaluator.goals())
                                                     if cfg.monitor else None)
         loss = getattr(self, f"loss_{backend.name}", None)
         task = Task(split=self.split_batch, step=getattr(self, f"step_{backend.name}", None))
         backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
                       sample_shape=self._sample_shape(self.train_set), task=task)
-        self.train_sampler = ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed)
-        self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
-                            if self.val_set is not None else None)
         self._plan()
         if self.steps == 0:
             raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
@@ -208,19 +198,6 @@ class Trainer:
         per_rank = self.cfg.batch_size * self.cfg.accumulate
         self.global_batch = per_rank * self.backend.size
         self.steps = steps_per_epoch(len(self.train_sampler), per_rank)
-
-    def _take_output_dir(self):
-        """Rank 0 locks --output-dir for this job (:func:`guard.lock_output_dir`); every rank stops on a refusal (in
-        elastic mode rank 0 alone: a worker joining the job must run no collective the others do not)."""
-        held = []
-
-        def take():
-            try:
-                held.append(guard.lock_output_dir(self.cfg.output_dir))
-            except ConfigError as e:
-                return {"error": str(e)}
-        self.backend.root_decides(take, collective=not self.cfg.elastic)
-        return held[0] if held else None
 
     def train(self) -> Optional[Dict[str, Any]]:
         """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""
@@ -246,26 +223,12 @@ class Trainer:
     def run_epochs(self) -> Optional[Dict[str, Any]]:
         """From the current position to the last epoch, to --max-steps, or to --early-stop."""
         record = None
-        while self.position.epoch < self.cfg.epochs and not self._reached_max_steps() and not self._stopped_early():
+        while self.position.epoch < self.cfg.epochs and not self._reached_max_steps():
+            if self.monitor is not None and self.monitor.stopped(self.position.epoch, self.backend.rank == 0,
+                                                               self.cfg.output_dir):
+                break
             record = self.train_epoch()
         return record
-
-    def _stopped_early(self) -> bool:
-        """--early-stop: the monitored value stopped improving (every rank decides alike from allreduced values)."""
-        if self.monitor is None or not self.monitor.stop:
-            return False
-        if self.backend.rank == 0:
-            print(f"hvdtrain: early stop after epoch {self.position.epoch}: {self.monitor.describe()}; the best "
-                  f"epoch's checkpoint is in {os.path.join(self.cfg.output_dir, 'best')}", flush=True)
-        return True
-
-    def _record_goals(self) -> Dict[str, str]:
-        """Every record key --monitor may name, with the direction in which it improves."""
-        goals = {"train_loss": "min"}
-        if self.val_set is not None:
-            goals["val_loss"] = "min"
-            goals.update({f"val_{m.name}": m.goal for m in self.metric_list})
-        return goals
 
     def train_epoch(self) -> Dict[str, Any]:
         """One epoch from the current position (sample ``offset`` of its order): steps, metrics across ranks,
@@ -308,9 +271,11 @@ class Trainer:
         self.reporter.progress(self.global_step, "eval")
         backend.average_statistics()  # the model scored here is the one the checkpoint holds, on every rank
         val = self.evaluate()
-        timing, slowest = self._timing(train_seconds, done, time.perf_counter() - start, cpu_seconds)
+        timing, slowest = epoch_timing(self.phases, backend, bool(cfg.profile_steps), done, train_seconds,
+                                       time.perf_counter() - start, cpu_seconds)
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
-                  **self._throughput(done * self.global_batch / slowest["train_seconds"]),
+                  **metric_objects.throughput(done * self.global_batch / slowest["train_seconds"],
+                                              self.sample_unit, self.tokens_per_sample),
                   "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
                   "framework": backend.name, "global_step": self.global_step, **timing}
         self.position = Position(epoch + 1, 0, self.global_step) if done == steps else self._after(epoch, offset, done)
@@ -363,51 +328,14 @@ class Trainer:
         self.reporter.rank = b.rank
         self._plan()
 
-    def _timing(self, train_seconds: float, steps: int, epoch_seconds: float,
-                cpu_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
-        """This epoch's per-phase step times: every rank's means, its training time, its time for the whole epoch
-        and its process's CPU time while training gathered in one collective; the phases averaged, with the slowest
-        rank of each (see :mod:`hvdtrain.phases`), every rank's CPU seconds per step, and the slowest rank's training
-        and epoch time, which is the job's."""
-        local = self.phases.local_means()
-        rows = self.backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds, cpu_seconds])
-        clock = "synchronized" if self.cfg.profile_steps else "launch" if self.backend.asynchronous else "host"
-        n = len(PHASES)
-        timing = summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[n] / max(steps, 1) for row in rows])
-        timing["cpu_seconds_per_step"] = [round(row[n + 2] / max(steps, 1), 6) for row in rows]  # by rank
-        return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}
-
     def evaluation(self) -> Tuple[Dict[str, Optional[float]], int]:
-        """The recipe's loss (mean per sample) and every metric of :meth:`metrics` on the validation set, each rank
-        a disjoint shard, all sums allreduced in one collective; and how many samples they cover over all ranks
-        (each once)."""
-        val_set, val_sampler = self.val_set, self.val_sampler
-        tally = metric_objects.Tally(self.metric_list)
-        if val_set is None:
-            return {"val_loss": None, **{k: None for k in tally.values(tally.total)}}, 0
-        loss_sum, count = 0.0, 0
-        batch_size = self.cfg.eval_batch_size or 2 * self.cfg.batch_size
-        for batch in self.backend.loader(val_set, val_sampler, batch_size, drop_last=False,
-                                         num_workers=self.cfg.num_workers):
-            outputs, target, batch_loss, n = self.backend.eval_step(batch, outputs=bool(self.metric_list))
-            tally.add(outputs, target)
-            loss_sum, count = loss_sum + batch_loss, count + n
-        # Horovod: the loss, the sample count and every metric's sums over all ranks, in one allreduce.
-        total = self.backend.allreduce_array(np.concatenate([[loss_sum, count], tally.total]), "eval")
-        return {"val_loss": total[0] / max(total[1], 1.0), **tally.values(total[2:])}, int(total[1])
+        """The recipe's loss and :meth:`metrics` on the validation set, and the samples they cover
+        (:class:`hvdtrain.evaluation.Evaluator`; every rank takes part)."""
+        return self.evaluator.run()
 
     def evaluate(self) -> Dict[str, Optional[float]]:
         """The validation metrics of :meth:`evaluation` (every rank takes part)."""
         return self.evaluation()[0]
-
-    def _throughput(self, samples_per_sec: float) -> Dict[str, float]:
-        """The record's speed, named after what it counts."""
-        out = {"samples_per_sec": samples_per_sec}
-        if self.sample_unit != "samples":
-            out[f"{self.sample_unit}_per_sec"] = samples_per_sec
-        if self.tokens_per_sample:
-            out["tokens_per_sec"] = samples_per_sec * self.tokens_per_sample
-        return out
 
     def lr_at(self, epoch: float) -> float:
         """The learning rate at a fractional epoch: --base-lr scaled by the workers and --accumulate, linear warmup,
