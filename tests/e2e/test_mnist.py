@@ -1,4 +1,4 @@
-"""MNIST-format digits on 2 workers: accuracy under both launchers, and PyTorch/MXNet parity."""
+"""MNIST-format digits on 2 workers: accuracy, the same job under both launchers, and PyTorch/MXNet parity."""
 import json
 import os
 
@@ -19,33 +19,61 @@ def train(launcher, framework, digits, out, *extra):
     return result
 
 
-@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_mnist_reaches_97_percent_on_2_workers(framework, launcher, digits, tmp_path):
-    if launcher == "mpirun" and not have_mpirun():
-        pytest.skip("mpirun not installed")
+def test_mnist_reaches_97_percent_on_2_workers(framework, digits, tmp_path):
     out = str(tmp_path / "run")
-    result = train(launcher, framework, digits, out)
+    result = train("horovodrun", framework, digits, out)
     records = read_metrics(out)
     last = records[-1]
     assert [r["epoch"] for r in records] == list(range(1, 21))
     assert last["world_size"] == 2 and last["framework"] == framework
-    assert last["val_accuracy"] >= 0.97, f"{framework}/{launcher}: {last}"
+    assert last["val_accuracy"] >= 0.97, f"{framework}: {last}"
     for key in ("train_loss", "val_loss", "val_accuracy", "images_per_sec", "epoch_seconds", "lr"):
         assert isinstance(last[key], float), key
     cpu = last["cpu_seconds_per_step"]  # each rank's process CPU time per training step, by rank
     assert len(cpu) == 2 and all(0 < c <= os.cpu_count() * last["epoch_seconds"] / 22 for c in cpu), cpu
-    with open(os.path.join(out, "config.json")) as f:
-        resolved = json.load(f)
-    assert resolved["world_size"] == 2 and resolved["framework"] == framework and resolved["recipe"] == "mnist"
-    assert resolved["global_batch"] == 2 * resolved["batch_size"] == 64 and resolved["threads_per_rank"] == 1
-    assert resolved["steps_per_epoch"] == records[0]["global_step"] == 22 and resolved["data_dir"] == digits
+    check_config(out, framework, digits, records)
     scalars = tensorboard_scalars(os.path.join(out, "tensorboard"))
     assert [step for step, _ in scalars["epoch/val_accuracy"]] == list(range(1, 21))
     assert scalars["epoch/val_accuracy"][-1][1] == pytest.approx(last["val_accuracy"], rel=1e-6)
     assert scalars["epoch/lr"][-1][1] == pytest.approx(last["lr"], rel=1e-6)
     assert "metrics.jsonl" in result.stdout, "the run ends by saying where the metrics are"
-    RESULTS[(framework, launcher)] = last["val_accuracy"]
+    RESULTS[framework] = records
+
+
+def check_config(out, framework, digits, records):
+    with open(os.path.join(out, "config.json")) as f:
+        resolved = json.load(f)
+    assert resolved["world_size"] == 2 and resolved["framework"] == framework and resolved["recipe"] == "mnist"
+    assert resolved["global_batch"] == 2 * resolved["batch_size"] == 64 and resolved["threads_per_rank"] == 1
+    assert resolved["steps_per_epoch"] == records[0]["global_step"] == 22 and resolved["data_dir"] == digits
+
+
+def horovodrun_records(framework, digits, tmp_path):
+    """The 20-epoch horovodrun run's records (trained here when its test did not run in this session)."""
+    if framework not in RESULTS:
+        out = str(tmp_path / f"horovodrun-{framework}")
+        train("horovodrun", framework, digits, out)
+        RESULTS[framework] = read_metrics(out)
+    return RESULTS[framework]
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_mpirun_trains_the_same_job_as_horovodrun(framework, digits, tmp_path):
+    """Under mpirun (Horovod's MPI controller and MPI's allreduce) the same job computes the same numbers as under
+    horovodrun --gloo: the first 3 of the 20 epochs (--max-steps keeps the 20-epoch schedule) give the same losses and
+    accuracy. With 2 ranks every sum is a + b, whichever library adds."""
+    if not have_mpirun():
+        pytest.skip("mpirun not installed")
+    out = str(tmp_path / "run")
+    train("mpirun", framework, digits, out, "--max-steps", str(3 * 22))
+    records = read_metrics(out)
+    assert [r["epoch"] for r in records] == [1, 2, 3] and records[-1]["world_size"] == 2
+    check_config(out, framework, digits, records)
+    reference = horovodrun_records(framework, digits, tmp_path)[:3]
+    for got, want in zip(records, reference):
+        for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (got["epoch"], key, got, want)
 
 
 def tensorboard_scalars(logdir: str) -> dict:
@@ -61,13 +89,7 @@ def tensorboard_scalars(logdir: str) -> dict:
 
 
 def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path):
-    acc = {}
-    for framework in ("torch", "mxnet"):
-        if (framework, "horovodrun") not in RESULTS:
-            out = str(tmp_path / framework)
-            train("horovodrun", framework, digits, out)
-            RESULTS[(framework, "horovodrun")] = read_metrics(out)[-1]["val_accuracy"]
-        acc[framework] = RESULTS[(framework, "horovodrun")]
+    acc = {fw: horovodrun_records(fw, digits, tmp_path)[-1]["val_accuracy"] for fw in ("torch", "mxnet")}
     assert abs(acc["torch"] - acc["mxnet"]) <= 0.015, acc
 
 
