@@ -74,12 +74,22 @@ def test_regression_reports_its_own_error_and_keeps_the_best_epoch(framework, tm
     assert meta["epoch"] == best and meta["metrics"]["val_mse"] == record["val_mse"], meta
 
 
+LANGUAGE_MODELS = {}
+"""framework -> (output directory, last record) of the 60-step charlm run, trained once per session."""
+
+
+def train_language_model(framework, tmp_path_factory):
+    if framework not in LANGUAGE_MODELS:
+        out = str(tmp_path_factory.mktemp(f"charlm_{framework}") / "run")
+        hvdtrain("recipe", "charlm", "--framework", framework, "--seq-len", "32", "--hidden", "64",
+                 "--epochs", "1", "--max-steps", "60", "--output-dir", out)
+        LANGUAGE_MODELS[framework] = out, read_metrics(out)[-1]
+    return LANGUAGE_MODELS[framework]
+
+
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def language_model(request, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp(f"charlm_{request.param}") / "run")
-    hvdtrain("recipe", "charlm", "--framework", request.param, "--seq-len", "32", "--hidden", "64",
-             "--epochs", "1", "--max-steps", "60", "--output-dir", out)
-    return request.param, out, read_metrics(out)[-1]
+    return (request.param, *train_language_model(request.param, tmp_path_factory))
 
 
 def test_language_model_metrics_are_the_same_over_one_rank_and_two(language_model, tmp_path):
@@ -97,12 +107,7 @@ def test_language_model_metrics_are_the_same_over_one_rank_and_two(language_mode
 
 def test_language_model_learns_alike_on_both_frameworks(tmp_path_factory):
     # Each framework's own initialisation and kernels: the same recipe, the same data order, within 15%.
-    got = {}
-    for framework in FRAMEWORKS:
-        out = str(tmp_path_factory.getbasetemp() / f"charlm_{framework}0" / "run")
-        if not os.path.exists(out):
-            pytest.skip("runs after test_language_model_metrics_are_the_same_over_one_rank_and_two")
-        got[framework] = read_metrics(out)[-1]["val_perplexity"]
+    got = {fw: train_language_model(fw, tmp_path_factory)[1]["val_perplexity"] for fw in FRAMEWORKS}
     assert abs(got["torch"] / got["mxnet"] - 1) < 0.15, got
 
 
