@@ -49,8 +49,8 @@ CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
                        "netns_cluster.sh")
 
 
-def rate_bits(rate: str) -> float:
-    """tc's rate syntax (``500mbit``, ``1gbit``, ``100kbit``) in bits per second."""
+def rate_bits(rate: str, flag: str = "--rate") -> float:
+    """tc's rate syntax (``500mbit``, ``1gbit``, ``100kbit``) in bits per second; a ConfigError naming ``flag``."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     for unit, scale in units.items():
         if rate.endswith(unit):
@@ -60,7 +60,7 @@ def rate_bits(rate: str) -> float:
                 break
             if value > 0:
                 return value * scale
-    raise ConfigError(f"--rate {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
+    raise ConfigError(f"{flag} {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
 
 
 QUOTA_PERIOD_US = 10000
@@ -279,12 +279,13 @@ def _collectives(cluster: Cluster, n: int, elements: int, timeout: float,
 
 
 def _collectives_rows(cluster: Cluster, hosts: Sequence[int], hidden: int, rate: str, timeout: float,
-                      frontends: Sequence[str] = ("mxnet",), rounds: int = 1) -> Dict:
+                      frontends: Sequence[str] = ("mxnet",), rounds: int = 1, elements: int = 0) -> Dict:
     """The step's collectives alone on the links at each host count, and the time their bytes take at the rate: the
     ring allreduce sends and receives 2(n-1)/n of the gradients per host, the reduce-scatter and the allgather
     (n-1)/n each. Through each of ``frontends``, interleaved over ``rounds`` (the median per operation); the first
-    frontend's figures are also the top-level ``collectives_seconds``."""
-    elements = gradient_bytes(hidden) // 4
+    frontend's figures are also the top-level ``collectives_seconds``. ``elements``: another vector size than the
+    network's gradients."""
+    elements = elements or gradient_bytes(hidden) // 4
     samples: Dict[str, Dict[int, List]] = {fe: {n: [] for n in hosts} for fe in frontends}
     for _ in range(rounds):
         for n in hosts:
@@ -312,15 +313,38 @@ def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: floa
                      cpu_quota: float = 0.0, frontends: Sequence[str] = ("mxnet",), rounds: int = 1) -> Dict:
     """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes), through
     each of ``frontends``."""
+    elements = gradient_bytes(hidden) // 4
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
         rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds)
+        # a second size, through the first frontend: what separates the per-message cost from the per-byte ones
+        small = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends[:1], rounds, elements // 8)
     return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
             "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": gradient_bytes(hidden) / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
+            "calibration": calibrate({4 * elements: rows, 4 * (elements // 8): small}, rate),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
+def calibrate(timed: Dict[int, Dict], rate: str) -> Dict:
+    """The links' alpha, beta and gamma (:func:`hvdtrain.bench.costmodel.fit_link`) from the collectives timed at
+    each vector size in bytes (``_collectives_rows`` results), every host count and operation."""
+    from .costmodel import fit_link
+    samples = [(op, nbytes, int(n), seconds) for nbytes, rows in timed.items()
+               for n, ops in rows["collectives_seconds"].items() for op, seconds in ops.items()]
+    fit = fit_link(samples)
+    return {**fit, "sizes_bytes": sorted(timed), "samples": len(samples), "beta_at_rate": 8.0 / rate_bits(rate)}
+
+
 def _print_collectives(result: Dict) -> None:
+    cal = result.get("calibration")
+    if cal:
+        sizes = ", ".join(f"{b / 1e6:.2f} MB" for b in cal["sizes_bytes"])
+        mbit = f"{8e-6 / cal['beta']:.0f} Mbit/s" if cal["beta"] > 0 else "unresolved"
+        print(f"calibration ({cal['samples']} timed collectives, sizes {sizes}): "
+              f"alpha {1e6 * cal['alpha']:.0f} us per message, beta {1e9 * cal['beta']:.2f} ns per byte "
+              f"({mbit}; the rate alone: {1e9 * cal['beta_at_rate']:.2f}), gamma "
+              f"{1e9 * cal['gamma']:.2f} ns per byte reduced; the fit's largest error "
+              f"{100 * cal['max_relative_error']:.0f}%", flush=True)
     timed = result.get("frontends") or {result.get("framework", "mxnet"): result}
     for fe, res in timed.items():
         via = f" through {fe}" if "frontends" in result else ""
@@ -378,7 +402,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                                           "spread": [res[f"{arm} n={n}"]["min"], res[f"{arm} n={n}"]["max"]]}
                                     for arm in ARMS}})
     gradient_mb = gradient_bytes(hidden) / 1e6
-    return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}",
+    return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}", "hidden": hidden,
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
             "cpu_quota_period_us": QUOTA_PERIOD_US if cpu_quota else None,
@@ -389,6 +413,59 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             **collectives,
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+PREDICTED_ARMS = {"hvdtrain": "horovod", "ps 1 server": "ps 1", "ps server per host": "ps n"}
+"""The arms the cost model predicts, and how."""
+
+
+def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
+    """The ``calibration`` of a collectives.json, checked to be of the same links and quota."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--predict-from {path}: cannot read it ({e})")
+    if "calibration" not in data:
+        raise ConfigError(f"--predict-from {path}: no calibration in it; write one with --collectives-only")
+    if rate_bits(data["rate"]) != rate_bits(rate) or float(data.get("cpu_quota_cores") or 0) != float(cpu_quota):
+        raise ConfigError(f"--predict-from {path}: calibrated at {data['rate']} and "
+                          f"{data.get('cpu_quota_cores') or 0:g} cores per host, not {rate} and {cpu_quota:g}; "
+                          f"calibrate at the same --rate and --cpu-quota")
+    return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"])}
+
+
+def predict(result: Dict, calibration: Dict) -> List[Dict]:
+    """The cost model's step time and img/s for each measured arm and host count: the links from ``calibration``
+    (fitted to collectives on other host counts), one worker's compute from this run's single-worker arm, when each
+    gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.project.measure`)."""
+    from .costmodel import Link, horovod_step, ps_step
+    from .project import measure
+    link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
+    batch = result["batch_size"]
+    profile = measure("mnist", batch_size=batch, hidden=result["hidden"])
+    compute = profile.scaled(batch / result["rows"][0]["horovod"]["images_per_sec"])  # the single worker's step
+    rows = []
+    for row in result["rows"][1:]:
+        n = row["hosts"]
+        model = {"hvdtrain": horovod_step(compute, n, 1, link), "ps 1 server": ps_step(compute, n, 1, 1, link),
+                 "ps server per host": ps_step(compute, n, 1, n, link)}
+        for arm, res in model.items():
+            measured = result["variants"][f"{arm} n={n}"]["images_per_sec"]
+            predicted = n * batch / res["seconds"]
+            rows.append({"hosts": n, "arm": arm, "predicted_images_per_sec": predicted,
+                         "measured_images_per_sec": measured, "error": predicted / measured - 1,
+                         "predicted_efficiency": compute.seconds / res["seconds"],
+                         "measured_efficiency": row[arm]["efficiency"],
+                         "calibrated_on_hosts": calibration["hosts"]})
+    return rows
+
+
+def _print_prediction(rows: List[Dict]) -> None:
+    for r in rows:
+        print(f"{r['hosts']} host(s), {r['arm']}: predicted {r['predicted_images_per_sec']:.1f} img/s "
+              f"({100 * r['predicted_efficiency']:.0f}%), measured {r['measured_images_per_sec']:.1f} "
+              f"({100 * r['measured_efficiency']:.0f}%): {100 * r['error']:+.0f}%", flush=True)
 
 
 def plot(result: Dict, path: str) -> None:
@@ -448,8 +525,12 @@ def run(args) -> int:
             json.dump(result, f, indent=2)
         print(f"bench: wrote {path}")
         return 0
+    calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
                      burst=args.burst, cpu_quota=args.cpu_quota)
+    if calibration is not None:
+        result["prediction"] = predict(result, calibration)
+        _print_prediction(result["prediction"])
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
@@ -483,4 +564,8 @@ def add_parser(sub) -> None:
                    help="with --collectives-only: the Horovod frontends to time them through, comma-separated, "
                         "interleaved over --rounds: mxnet, torch (hvdtrain's blocking wait), torch-spin "
                         "(horovod.torch 0.28.1's spinning wait)")
+    p.add_argument("--predict-from", default="",
+                   help="a collectives.json of --collectives-only at the same --rate and --cpu-quota (fitted on "
+                        "other host counts): print the cost model's step time beside each measured one "
+                        "(docs/scaling.md)")
     p.add_argument("--output-dir", default="runs/bench")

@@ -178,7 +178,8 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
 
 def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_links(tmp_path):
     """--collectives-only: the same shaped hosts, the allreduce and --shard-optimizer's reduce-scatter and allgather
-    timed alone against their bytes at the rate, and nothing left behind."""
+    timed alone against their bytes at the rate, the links' cost model calibrated from them, and nothing left
+    behind."""
     why = why_no_netns()
     if why:
         pytest.skip(why)
@@ -195,6 +196,11 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert set(data["collectives_cpu_seconds"]["2"]) == set(ops)
     assert all(c > 0 for c in data["collectives_cpu_seconds"]["2"].values()), data
     assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
+    # the calibration: alpha, beta and gamma fitted to the three operations at two sizes (docs/scaling.md)
+    cal = data["calibration"]
+    assert cal["samples"] == 6 and len(cal["sizes_bytes"]) == 2 and cal["alpha"] >= 0 and cal["gamma"] >= 0
+    assert 0.9 * cal["beta_at_rate"] <= cal["beta"] <= 3 * cal["beta_at_rate"], cal  # no faster than the link
+    assert "calibration (6 timed collectives" in result.stdout, describe(result)
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
 
 

@@ -1,0 +1,197 @@
+"""``python -m hvdtrain bench project``: what a job would do on a larger cluster, before one is rented.
+
+    python -m hvdtrain bench project --model resnet50 --img-per-sec-per-gpu 1400 --link 25gbit \\
+        --ranks-per-host 8 --hosts 1,2,4,8,16,32,64
+
+The step of one rank (forward, backward, optimizer, and when each gradient is ready during the backward pass) is
+measured on this machine from the model's real PyTorch definition (the recipe's, or VGG-16 for Horovod's published
+comparison), then scaled to the per-GPU rate the user gives; gradient sizes are the model's own. The cost model
+(:mod:`hvdtrain.bench.costmodel`) then gives the step time at each host count for Horovod's ring (flat, or
+hierarchical with ``--hierarchical``) and for MXNet's parameter server with one server and with one per host.
+Prints a table and writes ``project.json`` and ``project.png`` (img/s and efficiency against ranks).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Dict, List
+
+from ..config import ConfigError
+from .costmodel import Compute, Link, efficiency, horovod_step, ps_step
+from .runner import write
+
+MODELS = {"mnist": ("mnist recipe (--hidden 512)", (1, 28, 28), 10),
+          "resnet50": ("imagenet recipe, resnet50_v1b", (3, 224, 224), 1000),
+          "resnet101": ("imagenet recipe, resnet101_v1b", (3, 224, 224), 1000),
+          "vgg16": ("VGG-16 (Simonyan and Zisserman, configuration D)", (3, 224, 224), 1000)}
+"""--model: (what it is, input shape, classes)."""
+
+
+def build(model: str, hidden: int = 512):
+    """The model's PyTorch definition: the recipes' own where hvdtrain has one (``hidden``: the MNIST recipe's)."""
+    from torch import nn
+    if model == "mnist":
+        from .loops import _recipe
+        return _recipe("mnist", "torch", 32, 1, ["--hidden", str(hidden)]).build_torch()
+    if model in ("resnet50", "resnet101"):
+        from recipes.resnet_torch import resnet
+        return resnet(model)
+    layers, cin = [], 3
+    for v in (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"):
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(cin, v, 3, padding=1), nn.ReLU(inplace=True)]
+            cin = v
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True),
+                         nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 1000))
+
+
+def measure(model: str, batch_size: int = 2, repeats: int = 3, grad_bytes: int = 4, hidden: int = 512) -> Compute:
+    """One rank's step on this machine's CPU (median of ``repeats`` after a warm-up): forward, backward and SGD
+    update seconds, and each parameter's gradient: its bytes and when it was ready, as a fraction of the backward."""
+    import torch
+    import torch.nn.functional as F
+    _, shape, classes = MODELS[model]
+    net = build(model, hidden).train()
+    params = [p for p in net.parameters() if p.requires_grad]
+    ready: Dict[int, float] = {}
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(lambda p, i=i: ready.__setitem__(i, time.perf_counter()))
+    opt = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    x, y = torch.randn(batch_size, *shape), torch.randint(0, classes, (batch_size,))
+    rows = []
+    for r in range(repeats + 1):
+        ready.clear()
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(net(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if r:  # the first is the warm-up
+            rows.append((t1 - t0, t2 - t1, t3 - t2, [(ready[i] - t1) / (t2 - t1) for i in range(len(params))]))
+    med = lambda k: statistics.median(row[k] for row in rows)  # noqa: E731
+    fractions = [statistics.median(row[3][i] for row in rows) for i in range(len(params))]
+    return Compute(med(0), med(1), med(2), [(p.numel() * grad_bytes, min(1.0, max(0.0, f)))
+                                            for p, f in zip(params, fractions)])
+
+
+def project(compute: Compute, batch_size: int, img_per_sec: float, hosts: List[int], per_host: int, net: Link,
+            local: Link, cycle_time: float, threshold: float, hierarchical: bool) -> List[Dict]:
+    """Rows of projected img/s and efficiency per host count: Horovod, PS with 1 server, PS with a server per
+    host."""
+    step = compute.scaled(batch_size / img_per_sec)
+    rows = []
+    for h in hosts:
+        ranks = h * per_host
+        row: Dict = {"hosts": h, "ranks": ranks}
+        arms = {"horovod": horovod_step(step, h, per_host, net, local, cycle_time, threshold, hierarchical),
+                "ps 1 server": ps_step(step, h, per_host, 1, net),
+                "ps server per host": ps_step(step, h, per_host, h, net)}
+        for arm, res in arms.items():
+            row[arm] = {"step_seconds": res["seconds"], "images_per_sec": ranks * batch_size / res["seconds"],
+                        "efficiency": efficiency(step.seconds, res["seconds"]),
+                        "exposed_communication_seconds": res["exposed_communication"]}
+        rows.append(row)
+    return rows
+
+
+ARMS = ("horovod", "ps 1 server", "ps server per host")
+
+
+def plot(result: Dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.8 / len(ARMS)
+    for i, arm in enumerate(ARMS):
+        ax.bar([x + (i - 1) * width for x in xs], [r[arm]["images_per_sec"] for r in rows], width, alpha=0.6,
+               label=f"{arm} (img/s)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([str(r["ranks"]) for r in rows])
+    ax.set_xlabel(f"ranks ({result['ranks_per_host']} per host), links {result['link']}")
+    ax.set_ylabel("images / s (projected)")
+    eff = ax.twinx()
+    for arm, marker in zip(ARMS, "osd"):
+        eff.plot(list(xs), [100 * r[arm]["efficiency"] for r in rows], marker=marker, label=f"{arm} (%)")
+    eff.set_ylim(0, 105)
+    eff.set_ylabel("scaling efficiency (%)")
+    ax.set_title(f"Projection: {result['model_description']}, {result['img_per_sec_per_gpu']:g} img/s per GPU",
+                 fontsize=9)
+    lines, more = ax.get_legend_handles_labels(), eff.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+              ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def parse_hosts(text: str) -> List[int]:
+    try:
+        hosts = sorted({int(h) for h in text.split(",") if h.strip()})
+    except ValueError:
+        hosts = []
+    if not hosts or hosts[0] < 1:
+        raise ConfigError(f"--hosts {text!r}: give host counts of at least 1, e.g. 1,2,4,8")
+    return hosts
+
+
+def run(args) -> int:
+    from .network import rate_bits
+    if args.model not in MODELS:
+        raise ConfigError(f"--model {args.model!r}: choose from {', '.join(MODELS)}")
+    if not args.link:
+        raise ConfigError("--link: give the network link's rate in tc's syntax, e.g. 25gbit")
+    if args.img_per_sec_per_gpu is None or args.img_per_sec_per_gpu <= 0:
+        raise ConfigError("--img-per-sec-per-gpu: give one GPU's measured training rate (images/s), e.g. 1400")
+    hosts = parse_hosts(args.hosts)
+    if args.ranks_per_host < 1 or args.batch_size < 1:
+        raise ConfigError("--ranks-per-host and --batch-size must be at least 1")
+    net = Link.from_rate(rate_bits(args.link, "--link"), args.alpha_us * 1e-6)
+    local = Link.from_rate(rate_bits(args.local_link, "--local-link"), args.local_alpha_us * 1e-6)
+    compute = measure(args.model, grad_bytes=args.grad_bytes)
+    rows = project(compute, args.batch_size, args.img_per_sec_per_gpu, hosts, args.ranks_per_host, net, local,
+                   args.cycle_time_ms * 1e-3, args.fusion_mb * 2 ** 20, args.hierarchical)
+    result = {"benchmark": "project", "model": args.model, "model_description": MODELS[args.model][0],
+              "gradient_mb": compute.gradient_bytes / 1e6, "tensors": len(compute.gradients),
+              "img_per_sec_per_gpu": args.img_per_sec_per_gpu, "batch_size": args.batch_size,
+              "ranks_per_host": args.ranks_per_host, "link": args.link, "alpha_us": args.alpha_us,
+              "local_link": args.local_link, "local_alpha_us": args.local_alpha_us, "hierarchical": args.hierarchical,
+              "cycle_time_ms": args.cycle_time_ms, "fusion_mb": args.fusion_mb, "grad_bytes": args.grad_bytes,
+              "profile_measured_here": {"forward": compute.forward, "backward": compute.backward,
+                                        "update": compute.update},
+              "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    print(f"project: {result['model_description']}: {len(compute.gradients)} gradient tensors, "
+          f"{result['gradient_mb']:.1f} MB per step; {args.img_per_sec_per_gpu:g} img/s per GPU at batch "
+          f"{args.batch_size}; links {args.link}, {args.ranks_per_host} rank(s) per host")
+    print(f"{'hosts':>5} {'ranks':>6}  " + "  ".join(f"{arm + ' img/s (eff)':>28}" for arm in ARMS))
+    for row in rows:
+        print(f"{row['hosts']:>5} {row['ranks']:>6}  " + "  ".join(
+            f"{row[arm]['images_per_sec']:>20,.0f} ({100 * row[arm]['efficiency']:>3.0f}%)" for arm in ARMS))
+    write(args.output_dir, "project", result, lambda path: plot(result, path))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("project", help="project img/s and scaling efficiency to larger clusters (docs/scaling.md)")
+    p.add_argument("--model", default="resnet50", help=f"whose gradients: {', '.join(MODELS)}")
+    p.add_argument("--img-per-sec-per-gpu", type=float, default=None,
+                   help="one GPU's training rate at --batch-size (measured, or the vendor's figure)")
+    p.add_argument("--batch-size", type=int, default=256, help="per GPU")
+    p.add_argument("--link", default="", help="each host's network link, in tc's syntax (25gbit, 100gbit)")
+    p.add_argument("--alpha-us", type=float, default=25.0, help="seconds per message on the network, in us")
+    p.add_argument("--local-link", default="800gbit", help="the path between a host's GPUs (NVLink: 800gbit)")
+    p.add_argument("--local-alpha-us", type=float, default=5.0)
+    p.add_argument("--ranks-per-host", type=int, default=8)
+    p.add_argument("--hosts", default="1,2,4,8,16,32,64", help="host counts, comma-separated")
+    p.add_argument("--hierarchical", action="store_true", help="Horovod's hierarchical allreduce")
+    p.add_argument("--cycle-time-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME")
+    p.add_argument("--fusion-mb", type=float, default=128.0, help="HOROVOD_FUSION_THRESHOLD in MiB")
+    p.add_argument("--grad-bytes", type=int, default=4, choices=[2, 4], help="bytes per gradient value")
+    p.add_argument("--output-dir", default="runs/bench")

@@ -1,0 +1,138 @@
+"""The step's cost model (hvdtrain.bench.costmodel) and `bench project`'s input checks."""
+import random
+
+import pytest
+
+from hvdtrain.bench import costmodel as cm
+from hvdtrain.bench.project import parse_hosts, project
+from hvdtrain.config import ConfigError
+from tests.helpers import describe, hvdtrain, run
+
+LINK = cm.Link(alpha=30e-6, beta=8 / 1e9, gamma=0.4e-9)  # 1 Gbit/s, 30 us per message, 0.4 ns per byte reduced
+
+
+def test_the_fit_recovers_known_alpha_beta_gamma_from_noisy_timings():
+    rng = random.Random(1)
+    samples = []
+    for p in (2, 3, 4):
+        for nbytes in (64e3, 1e6, 8e6):
+            for op, cost in cm.COLLECTIVES.items():
+                samples.append((op, nbytes, p, cost(nbytes, p, LINK) * rng.uniform(0.98, 1.02)))  # 2% noise
+    fit = cm.fit_link(samples)
+    assert fit["alpha"] == pytest.approx(LINK.alpha, rel=0.15)
+    assert fit["beta"] == pytest.approx(LINK.beta, rel=0.05)
+    assert fit["gamma"] == pytest.approx(LINK.gamma, rel=0.25)
+    assert fit["max_relative_error"] < 0.05
+
+
+def test_two_hosts_and_two_sizes_suffice_and_nothing_comes_out_negative():
+    # The smallest calibration (bench network --collectives-only on 2 hosts): three operations at two sizes.
+    samples = [(op, n, 2, cost(n, 2, LINK)) for n in (0.26e6, 2.1e6) for op, cost in cm.COLLECTIVES.items()]
+    fit = cm.fit_link(samples)
+    assert fit["beta"] == pytest.approx(LINK.beta, rel=1e-6) and fit["alpha"] == pytest.approx(LINK.alpha, rel=1e-4)
+    # Timings with no visible reduction cost: gamma is 0, not negative, and the others still fit.
+    flat = [(op, n, 2, cm.COLLECTIVES[op](n, 2, cm.Link(LINK.alpha, LINK.beta))) for op, n, *_ in samples]
+    assert cm.fit_link(flat)["gamma"] == 0.0
+    with pytest.raises(ValueError):
+        cm.fit_link(samples[:2])
+
+
+def test_a_large_tensor_after_the_backward_pays_the_closed_form_ring_cost():
+    # One tensor, ready at the end of the backward pass: the step is the compute plus the ring's closed form
+    # 2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma, on the network link whatever the ranks per host.
+    n, hosts, per_host = 100e6, 4, 2
+    compute = cm.Compute(forward=0.1, backward=0.2, update=0.01, gradients=[(n, 1.0)])
+    got = cm.horovod_step(compute, hosts, per_host, LINK, cycle_time=1e-3)
+    p = hosts * per_host
+    closed = 2 * (p - 1) * LINK.alpha + 2 * (p - 1) / p * n * LINK.beta + (p - 1) / p * n * LINK.gamma
+    assert got["seconds"] == pytest.approx(compute.seconds + closed, rel=1e-9)
+    assert got["messages"] == 1
+
+
+def test_fusion_overlap_and_the_threshold():
+    # Ten 1 MB gradients ready evenly through a 100 ms backward: with overlap only the last ones are exposed.
+    compute = cm.Compute(0.05, 0.1, 0.0, [(1e6, (i + 1) / 10) for i in range(10)])
+    overlapped = cm.horovod_step(compute, 2, 1, LINK, cycle_time=1e-3)
+    serial = cm.horovod_step(compute, 2, 1, LINK, cycle_time=1e-3, overlap=False)
+    one = cm.ring_allreduce(1e6, 2, LINK)
+    assert overlapped["seconds"] < serial["seconds"]
+    assert serial["seconds"] == pytest.approx(compute.seconds + cm.ring_allreduce(10e6, 2, LINK), rel=1e-9)
+    assert overlapped["exposed_communication"] == pytest.approx(one, rel=0.1)  # the last gradient's message
+    # A fusion threshold below two tensors sends each on its own even when they are ready together.
+    together = cm.Compute(0.0, 0.1, 0.0, [(1e6, 1.0)] * 4)
+    assert cm.horovod_step(together, 2, 1, LINK, threshold=1.5e6)["messages"] == 4
+    assert cm.horovod_step(together, 2, 1, LINK, threshold=8e6)["messages"] == 1
+
+
+def test_the_parameter_server_layouts():
+    n, hosts = 50e6, 8
+    compute = cm.Compute(0.0, 1e-9, 0.0, [(n, 1.0)])  # no compute: the step is the communication
+    link = cm.Link(0.0, LINK.beta)
+    one = cm.ps_step(compute, hosts, 1, 1, link)["seconds"]
+    per_host = cm.ps_step(compute, hosts, 1, hosts, link)["seconds"]
+    assert one == pytest.approx((hosts - 1) * n * link.beta, rel=1e-6)  # host0's link carries every push
+    # a server per host: each host's link carries what the ring's does, 2(n-1)/n of the gradients
+    assert per_host == pytest.approx(2 * (hosts - 1) / hosts * n * link.beta, rel=1e-6)
+    assert per_host == pytest.approx(cm.ring_allreduce(n, hosts, link), rel=1e-6)
+
+
+def test_hierarchical_allreduce_moves_n_bytes_per_host_link():
+    local = cm.Link(5e-6, 8 / 800e9)
+    n = 100e6
+    flat = cm.flat_allreduce(n, 16, 8, LINK, local)
+    hier = cm.hierarchical_allreduce(n, 16, 8, LINK, local)
+    assert hier < flat  # 2(h-1) messages on the network instead of 2(hr-1)
+    bandwidth = 2 * 15 / 16 * n * LINK.beta
+    assert bandwidth < hier < bandwidth + 2 * 15 * LINK.alpha + 0.01
+
+
+def test_projection_rows():
+    compute = cm.Compute(0.05, 0.1, 0.01, [(4e6, f / 20) for f in range(1, 21)])
+    net, local = cm.Link.from_rate(25e9, 25e-6), cm.Link.from_rate(800e9, 5e-6)
+    rows = project(compute, 64, 1000.0, [1, 2, 8], 4, net, local, 1e-3, 128 * 2 ** 20, False)
+    assert [r["ranks"] for r in rows] == [4, 8, 32]
+    for row in rows:
+        for arm in ("horovod", "ps 1 server", "ps server per host"):
+            assert 0 < row[arm]["efficiency"] <= 1.0 + 1e-9
+            assert row[arm]["images_per_sec"] == pytest.approx(row["ranks"] * 64 / row[arm]["step_seconds"])
+    assert rows[-1]["ps 1 server"]["efficiency"] < rows[-1]["ps server per host"]["efficiency"]
+    with pytest.raises(ConfigError, match="--hosts"):
+        parse_hosts("0,2")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "resnet50", "--img-per-sec-per-gpu", "1400"], "--link: give the network link's rate"),
+    (["--model", "resnet50", "--img-per-sec-per-gpu", "1400", "--link", "25gbit", "--hosts", "0"], "--hosts '0'"),
+    (["--model", "alexnet", "--img-per-sec-per-gpu", "1400", "--link", "25gbit"], "--model 'alexnet': choose"),
+    (["--model", "resnet50", "--link", "25gbit"], "--img-per-sec-per-gpu: give one GPU's"),
+    (["--model", "resnet50", "--img-per-sec-per-gpu", "1400", "--link", "fast"], "--link 'fast': give a rate"),
+])
+def test_project_refuses_bad_input_in_one_line(args, message, tmp_path):
+    result = run(hvdtrain("bench", "project", *args, "--output-dir", str(tmp_path)), timeout=120)
+    assert result.returncode != 0 and message in result.stderr, describe(result)
+    assert "Traceback" not in result.output and len(result.stderr.strip().splitlines()) == 1, describe(result)
+
+
+def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_path):
+    import json
+    from hvdtrain.bench.network import predict, read_calibration
+    cal = {"alpha": 1e-3, "beta": 8 / 200e6, "gamma": 1e-9}
+    path = tmp_path / "collectives.json"
+    path.write_text(json.dumps({"rate": "200mbit", "cpu_quota_cores": 0.4, "calibration": cal,
+                                "collectives_seconds": {"2": {}, "3": {}, "4": {}}}))
+    calibration = read_calibration(str(path), "200mbit", 0.4)
+    assert calibration["hosts"] == [2, 3, 4]
+    arms = ("horovod", "hvdtrain", "ps 1 server", "ps server per host")
+    result = {"batch_size": 32, "hidden": 64,
+              "rows": [{"hosts": 1, **{a: {"images_per_sec": 500.0, "efficiency": 1.0} for a in arms}},
+                       {"hosts": 6, **{a: {"images_per_sec": 900.0, "efficiency": 0.3} for a in arms}}],
+              "variants": {f"{a} n=6": {"images_per_sec": 900.0} for a in arms}}
+    rows = predict(result, calibration)
+    assert [(r["hosts"], r["arm"]) for r in rows] == [(6, "hvdtrain"), (6, "ps 1 server"), (6, "ps server per host")]
+    for r in rows:
+        assert r["error"] == pytest.approx(r["predicted_images_per_sec"] / 900.0 - 1)
+        assert 0 < r["predicted_efficiency"] <= 1 and r["calibrated_on_hosts"] == [2, 3, 4]
+    by = {r["arm"]: r["predicted_images_per_sec"] for r in rows}
+    assert by["ps 1 server"] < by["ps server per host"]
+    with pytest.raises(ConfigError, match="calibrate at the same --rate"):
+        read_calibration(str(path), "500mbit", 0.4)
