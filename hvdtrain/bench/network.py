@@ -237,11 +237,11 @@ def _horovod(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int,
 
 
 def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[str], timeout: float,
-              extra: Sequence[str] = ()) -> Dict:
-    """hvdtrain itself (``recipe mnist --synthetic`` on MXNet, its own Horovod settings): 2 epochs of 64 steps, the
-    first the warm-up, the img/s of the second."""
+              extra: Sequence[str] = (), framework: str = "mxnet") -> Dict:
+    """hvdtrain itself (``recipe mnist --synthetic`` on ``framework``, its own Horovod settings): 2 epochs of 64
+    steps, the first the warm-up, the img/s of the second."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
-        cmd = _launch(cluster, n, ["-m", "hvdtrain", "recipe", "mnist", "--framework", "mxnet", "--synthetic",
+        cmd = _launch(cluster, n, ["-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--synthetic",
                                    "--epochs", "2", "--warmup-epochs", "0", "--batch-size", str(batch_size),
                                    "--threads", "1", "--precision", "fp32", "--resume", "never", "--output-dir", out,
                                    *recipe_args, *extra])
@@ -374,14 +374,22 @@ def gradient_bytes(hidden: int) -> int:
 
 ARMS = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
 """horovod: Horovod's example loop, stock settings; hvdtrain: the recipe under hvdtrain; hvdtrain sharded: with
---shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync) with one server on host0 or one on every host."""
+--shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync) with one server on host0 or one on every host.
+With --frameworks mxnet,torch one more: ``hvdtrain torch``, the recipe on PyTorch, against its own run on one host."""
+TORCH_ARM = "hvdtrain torch"
 
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
-            timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0) -> Dict:
+            timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
+            frameworks: Sequence[str] = ("mxnet",)) -> Dict:
     recipe_args = ["--hidden", str(hidden)]
+    torch = "torch" in frameworks
+    arms = ARMS + ((TORCH_ARM,) if torch else ())
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
         variants = {"single worker": lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)}
+        if torch:
+            variants[f"{TORCH_ARM} n=1"] = lambda: _hvdtrain(cluster, 1, batch_size, recipe_args, timeout,
+                                                             framework="torch")
         for n in hosts:
             variants.update({
                 f"horovod n={n}": lambda n=n: _horovod(cluster, n, steps, warmup, batch_size, recipe_args, timeout),
@@ -391,16 +399,21 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 f"ps 1 server n={n}": lambda n=n: _ps(cluster, n, 1, steps, warmup, batch_size, recipe_args, timeout),
                 f"ps server per host n={n}": lambda n=n: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args,
                                                              timeout)})
+            if torch:
+                variants[f"{TORCH_ARM} n={n}"] = lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout,
+                                                                       framework="torch")
         res = compare(variants, rounds)
         collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
     ips = {k: v["images_per_sec"] for k, v in res.items()}
-    base = ips["single worker"]  # one baseline for every arm: the Gluon loop alone, no Horovod, no kvstore
-    rows = [{"hosts": 1, **{arm: {"images_per_sec": base, "efficiency": 1.0} for arm in ARMS}}]
+    # One baseline for every MXNet arm: the Gluon loop alone, no Horovod, no kvstore; PyTorch's: its own one host.
+    bases = {arm: ips[f"{TORCH_ARM} n=1"] if arm == TORCH_ARM else ips["single worker"] for arm in arms}
+    base = bases["horovod"]
+    rows = [{"hosts": 1, **{arm: {"images_per_sec": bases[arm], "efficiency": 1.0} for arm in arms}}]
     for n in hosts:
         rows.append({"hosts": n, **{arm: {"images_per_sec": ips[f"{arm} n={n}"],
-                                          "efficiency": ips[f"{arm} n={n}"] / (n * base),
+                                          "efficiency": ips[f"{arm} n={n}"] / (n * bases[arm]),
                                           "spread": [res[f"{arm} n={n}"]["min"], res[f"{arm} n={n}"]["max"]]}
-                                    for arm in ARMS}})
+                                    for arm in arms}})
     gradient_mb = gradient_bytes(hidden) / 1e6
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}", "hidden": hidden,
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
@@ -412,11 +425,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
             **collectives,
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
-            "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-
-
-PREDICTED_ARMS = {"hvdtrain": "horovod", "ps 1 server": "ps 1", "ps server per host": "ps n"}
-"""The arms the cost model predicts, and how."""
+            "arms": list(arms), "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
@@ -444,18 +453,23 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
     batch = result["batch_size"]
     profile = measure("mnist", batch_size=batch, hidden=result["hidden"])
-    compute = profile.scaled(batch / result["rows"][0]["horovod"]["images_per_sec"])  # the single worker's step
+    one = result["rows"][0]
+    compute = profile.scaled(batch / one["horovod"]["images_per_sec"])  # the single worker's step
+    torch = profile.scaled(batch / one[TORCH_ARM]["images_per_sec"]) if TORCH_ARM in one else None
     rows = []
     for row in result["rows"][1:]:
         n = row["hosts"]
         model = {"hvdtrain": horovod_step(compute, n, 1, link), "ps 1 server": ps_step(compute, n, 1, 1, link),
                  "ps server per host": ps_step(compute, n, 1, n, link)}
+        if torch is not None:
+            model[TORCH_ARM] = horovod_step(torch, n, 1, link)
         for arm, res in model.items():
+            single = torch if arm == TORCH_ARM else compute
             measured = result["variants"][f"{arm} n={n}"]["images_per_sec"]
             predicted = n * batch / res["seconds"]
             rows.append({"hosts": n, "arm": arm, "predicted_images_per_sec": predicted,
                          "measured_images_per_sec": measured, "error": predicted / measured - 1,
-                         "predicted_efficiency": compute.seconds / res["seconds"],
+                         "predicted_efficiency": single.seconds / res["seconds"],
                          "measured_efficiency": row[arm]["efficiency"],
                          "calibrated_on_hosts": calibration["hosts"]})
     return rows
@@ -476,10 +490,11 @@ def plot(result: Dict, path: str) -> None:
     rows = result["rows"]
     hosts = [r["hosts"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.8))
-    width = 0.8 / len(ARMS)
-    for i, arm in enumerate(ARMS):
-        ax.bar([x + (i - (len(ARMS) - 1) / 2) * width for x in range(len(rows))], [r[arm]["images_per_sec"] for r in rows], width,
-               label=f"{arm} (img/s)", alpha=0.6)
+    arms = result.get("arms", ARMS)
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
+        ax.bar([x + (i - (len(arms) - 1) / 2) * width for x in range(len(rows))],
+               [r[arm]["images_per_sec"] for r in rows], width, label=f"{arm} (img/s)", alpha=0.6)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([str(h) for h in hosts])
     quota = f", {result['cpu_quota_cores']:g} cores per host" if result.get("cpu_quota_cores") else ""
@@ -487,7 +502,7 @@ def plot(result: Dict, path: str) -> None:
                   f"efficiency against one single-worker baseline", fontsize=9)
     ax.set_ylabel("images / s (global)")
     eff = ax.twinx()
-    for arm, marker in zip(ARMS, "osd^v"):
+    for arm, marker in zip(arms, "osd^v*"):
         eff.plot(range(len(rows)), [100 * r[arm]["efficiency"] for r in rows], marker=marker, label=f"{arm} (%)")
     eff.plot(range(len(rows)), [100] * len(rows), "k:", linewidth=1)
     eff.set_ylim(0, 110)
@@ -526,14 +541,18 @@ def run(args) -> int:
         print(f"bench: wrote {path}")
         return 0
     calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    if not frameworks or set(frameworks) - {"mxnet", "torch"} or "mxnet" not in frameworks:
+        raise ConfigError(f"--frameworks {args.frameworks!r}: mxnet, or mxnet,torch")
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
-                     burst=args.burst, cpu_quota=args.cpu_quota)
+                     burst=args.burst, cpu_quota=args.cpu_quota, frameworks=frameworks)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])
     for row in result["rows"]:
         print(f"{row['hosts']} host(s): " + ", ".join(
-            f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)" for arm in ARMS))
+            f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)"
+            for arm in result["arms"]))
     _print_collectives(result)
     busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
     print("machine busy (fraction of all cores, median per variant): "
@@ -564,6 +583,8 @@ def add_parser(sub) -> None:
                    help="with --collectives-only: the Horovod frontends to time them through, comma-separated, "
                         "interleaved over --rounds: mxnet, torch (hvdtrain's blocking wait), torch-spin "
                         "(horovod.torch 0.28.1's spinning wait)")
+    p.add_argument("--frameworks", default="mxnet",
+                   help="mxnet (the five arms), or mxnet,torch: also hvdtrain on PyTorch against its own one host")
     p.add_argument("--predict-from", default="",
                    help="a collectives.json of --collectives-only at the same --rate and --cpu-quota (fitted on "
                         "other host counts): print the cost model's step time beside each measured one "

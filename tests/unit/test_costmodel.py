@@ -122,13 +122,14 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
                                 "collectives_seconds": {"2": {}, "3": {}, "4": {}}}))
     calibration = read_calibration(str(path), "200mbit", 0.4)
     assert calibration["hosts"] == [2, 3, 4]
-    arms = ("horovod", "hvdtrain", "ps 1 server", "ps server per host")
+    arms = ("horovod", "hvdtrain", "ps 1 server", "ps server per host", "hvdtrain torch")
     result = {"batch_size": 32, "hidden": 64,
               "rows": [{"hosts": 1, **{a: {"images_per_sec": 500.0, "efficiency": 1.0} for a in arms}},
                        {"hosts": 6, **{a: {"images_per_sec": 900.0, "efficiency": 0.3} for a in arms}}],
               "variants": {f"{a} n=6": {"images_per_sec": 900.0} for a in arms}}
     rows = predict(result, calibration)
-    assert [(r["hosts"], r["arm"]) for r in rows] == [(6, "hvdtrain"), (6, "ps 1 server"), (6, "ps server per host")]
+    assert [(r["hosts"], r["arm"]) for r in rows] == [(6, "hvdtrain"), (6, "ps 1 server"), (6, "ps server per host"),
+                                                      (6, "hvdtrain torch")]
     for r in rows:
         assert r["error"] == pytest.approx(r["predicted_images_per_sec"] / 900.0 - 1)
         assert 0 < r["predicted_efficiency"] <= 1 and r["calibrated_on_hosts"] == [2, 3, 4]
