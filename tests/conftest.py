@@ -7,15 +7,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-MACHINE_WIDE = {"test_bench.py", "test_multihost.py", "test_slurm.py", "test_cpu_quota.py"}
+MACHINE_WIDE = {"test_multihost.py", "test_slurm.py", "test_cpu_quota.py"}
 """Test files that change the machine itself (network namespaces and shaped links, cgroups, a Slurm cluster) and
 check it is left as they found it: under pytest-xdist (make test runs two workers) they run one after another in
-one worker, never beside each other."""
+one worker, never beside each other. A test elsewhere that does so is marked ``@pytest.mark.machine`` (the shaped
+network benchmarks of test_bench.py): it joins them, and the rest of its file runs beside them."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "machine: changes the machine (namespaces, links, cgroups); run with the "
+                                       "files of MACHINE_WIDE, one after another")
 
 
 def pytest_collection_modifyitems(config, items):
     # make test: pytest -n 2 --dist loadgroup. Each file is one group (its module fixtures, such as a trained model,
-    # are computed once, in one worker); the machine-wide files share one.
+    # are computed once, in one worker); the machine-wide files and tests share one.
     for item in items:
         name = os.path.basename(str(item.fspath))
-        item.add_marker(pytest.mark.xdist_group("machine" if name in MACHINE_WIDE else name))
+        machine = name in MACHINE_WIDE or item.get_closest_marker("machine") is not None
+        item.add_marker(pytest.mark.xdist_group("machine" if machine else name))

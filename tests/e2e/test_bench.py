@@ -134,6 +134,7 @@ def _netns_and_links() -> tuple:
     return sorted(netns.split()), sorted(line.split(":")[1].strip() for line in links.splitlines())
 
 
+@pytest.mark.machine
 def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp_path):
     """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links and a CPU quota each,
     Horovod's loop, hvdtrain (plain and --shard-optimizer) and both parameter-server layouts, against one
@@ -176,6 +177,7 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
         "the benchmark left cgroups behind"
 
 
+@pytest.mark.machine
 def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_links(tmp_path):
     """--collectives-only: the same shaped hosts, the allreduce and --shard-optimizer's reduce-scatter and allgather
     timed alone against their bytes at the rate, the links' cost model calibrated from them, and nothing left
