@@ -8,6 +8,8 @@ from tests.e2e.conftest import read_metrics
 from tests.helpers import PY, describe, have_mpirun, horovodrun, mpirun, run
 
 RESULTS = {}
+"""framework -> (output directory, stdout, records) of the 20-epoch horovodrun run, trained once per session by
+whichever test needs it first (pytest-xdist does not keep a file's order)."""
 
 
 def train(launcher, framework, digits, out, *extra):
@@ -20,10 +22,8 @@ def train(launcher, framework, digits, out, *extra):
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_mnist_reaches_97_percent_on_2_workers(framework, digits, tmp_path):
-    out = str(tmp_path / "run")
-    result = train("horovodrun", framework, digits, out)
-    records = read_metrics(out)
+def test_mnist_reaches_97_percent_on_2_workers(framework, digits, tmp_path_factory):
+    out, stdout, records = horovodrun_run(framework, digits, tmp_path_factory)
     last = records[-1]
     assert [r["epoch"] for r in records] == list(range(1, 21))
     assert last["world_size"] == 2 and last["framework"] == framework
@@ -37,8 +37,7 @@ def test_mnist_reaches_97_percent_on_2_workers(framework, digits, tmp_path):
     assert [step for step, _ in scalars["epoch/val_accuracy"]] == list(range(1, 21))
     assert scalars["epoch/val_accuracy"][-1][1] == pytest.approx(last["val_accuracy"], rel=1e-6)
     assert scalars["epoch/lr"][-1][1] == pytest.approx(last["lr"], rel=1e-6)
-    assert "metrics.jsonl" in result.stdout, "the run ends by saying where the metrics are"
-    RESULTS[framework] = records
+    assert "metrics.jsonl" in stdout, "the run ends by saying where the metrics are"
 
 
 def check_config(out, framework, digits, records):
@@ -49,17 +48,17 @@ def check_config(out, framework, digits, records):
     assert resolved["steps_per_epoch"] == records[0]["global_step"] == 22 and resolved["data_dir"] == digits
 
 
-def horovodrun_records(framework, digits, tmp_path):
-    """The 20-epoch horovodrun run's records (trained here when its test did not run in this session)."""
+def horovodrun_run(framework, digits, tmp_path_factory):
+    """The recipe's 20-epoch run under horovodrun: (output directory, stdout, records)."""
     if framework not in RESULTS:
-        out = str(tmp_path / f"horovodrun-{framework}")
-        train("horovodrun", framework, digits, out)
-        RESULTS[framework] = read_metrics(out)
+        out = str(tmp_path_factory.mktemp(f"horovodrun-{framework}") / "run")
+        result = train("horovodrun", framework, digits, out)
+        RESULTS[framework] = out, result.stdout, read_metrics(out)
     return RESULTS[framework]
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_mpirun_trains_the_same_job_as_horovodrun(framework, digits, tmp_path):
+def test_mpirun_trains_the_same_job_as_horovodrun(framework, digits, tmp_path, tmp_path_factory):
     """Under mpirun (Horovod's MPI controller and MPI's allreduce) the same job computes the same numbers as under
     horovodrun --gloo: the first 3 of the 20 epochs (--max-steps keeps the 20-epoch schedule) give the same losses and
     accuracy. With 2 ranks every sum is a + b, whichever library adds."""
@@ -70,7 +69,7 @@ def test_mpirun_trains_the_same_job_as_horovodrun(framework, digits, tmp_path):
     records = read_metrics(out)
     assert [r["epoch"] for r in records] == [1, 2, 3] and records[-1]["world_size"] == 2
     check_config(out, framework, digits, records)
-    reference = horovodrun_records(framework, digits, tmp_path)[:3]
+    reference = horovodrun_run(framework, digits, tmp_path_factory)[2][:3]
     for got, want in zip(records, reference):
         for key in ("train_loss", "val_loss", "val_accuracy", "lr"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), (got["epoch"], key, got, want)
@@ -88,8 +87,8 @@ def tensorboard_scalars(logdir: str) -> dict:
     return out
 
 
-def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path):
-    acc = {fw: horovodrun_records(fw, digits, tmp_path)[-1]["val_accuracy"] for fw in ("torch", "mxnet")}
+def test_frameworks_agree_within_one_and_a_half_points(digits, tmp_path_factory):
+    acc = {fw: horovodrun_run(fw, digits, tmp_path_factory)[2][-1]["val_accuracy"] for fw in ("torch", "mxnet")}
     assert abs(acc["torch"] - acc["mxnet"]) <= 0.015, acc
 
 

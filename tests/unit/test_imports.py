@@ -31,3 +31,19 @@ def test_gluoncv_model_zoo_builds_resnet50_v1b_beside_torch():
     out = run_py(code)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(1, 1000)" in out.stdout
+
+
+def test_the_installed_frameworks_import_from_bytecode():
+    # make install writes the bytecode (Makefile: COMPILE). Where PYTHONDONTWRITEBYTECODE is set, Python would
+    # otherwise compile each module from source in every process: every rank then paid about 8 s of CPU more for
+    # torch and torch._dynamo (which the optimizer's first step imports) before its first step.
+    import importlib.util
+    import os
+    missing = []
+    for name in ("torch", "torch._dynamo", "mxnet", "horovod.torch", "horovod.mxnet", "numpy"):
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            continue  # a framework this install left out (FRAMEWORKS)
+        if not os.path.exists(importlib.util.cache_from_source(spec.origin)):
+            missing.append(name)
+    assert not missing, f"no bytecode for {missing}: run make install (its compileall step)"
