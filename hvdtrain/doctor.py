@@ -137,6 +137,7 @@ def _system() -> List[Row]:
         pass
     rows.append(("ok", "gpus", "; ".join(gpus) or "none (training runs on the CPU)", ""))
     rows.append(_precisions(bool(gpus)))
+    rows.append(bytecode_row())
     host = socket.gethostname()
     try:
         addr = socket.gethostbyname(host)
@@ -149,6 +150,31 @@ def _system() -> List[Row]:
     else:
         rows.append(("ok", "hostname", f"{host} -> {addr}", ""))
     return rows
+
+
+def bytecode_row(modules=("torch", "torch._dynamo", "mxnet"), dont_write: Optional[bool] = None) -> Row:
+    """Whether the frameworks import from compiled bytecode. Where none is written (PYTHONDONTWRITEBYTECODE) and none
+    was compiled at install, every process compiles them from source at each start: about 8 s of CPU per PyTorch
+    rank here (torch, and torch._dynamo, which the optimizer's first step imports), 3 s per MXNet rank."""
+    import importlib.util
+    dont_write = sys.dont_write_bytecode if dont_write is None else dont_write
+    missing = []
+    for name in modules:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and spec.origin.endswith(".py") and \
+                not os.path.exists(importlib.util.cache_from_source(spec.origin)):
+            missing.append(name)
+    if not missing:
+        return ("ok", "bytecode", "the frameworks import from compiled bytecode", "")
+    if not dont_write:
+        return ("ok", "bytecode", f"{', '.join(missing)}: compiled at the first import", "")
+    return ("warn", "bytecode", f"{', '.join(missing)} not compiled and PYTHONDONTWRITEBYTECODE is set: every rank "
+            f"compiles them at each start (seconds of CPU per rank)",
+            "python -m compileall -q -j 0 \"$(python -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')\" "
+            "(make install does)")
 
 
 def _precisions(gpus: bool) -> Row:

@@ -47,3 +47,13 @@ def test_the_installed_frameworks_import_from_bytecode():
         if not os.path.exists(importlib.util.cache_from_source(spec.origin)):
             missing.append(name)
     assert not missing, f"no bytecode for {missing}: run make install (its compileall step)"
+
+
+def test_doctor_warns_when_the_frameworks_would_be_compiled_in_every_process(tmp_path, monkeypatch):
+    from hvdtrain.doctor import bytecode_row
+    (tmp_path / "uncompiled_framework.py").write_text("x = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status, what, value, fix = bytecode_row(("uncompiled_framework",), dont_write=True)
+    assert status == "warn" and "uncompiled_framework not compiled" in value and "compileall" in fix
+    assert bytecode_row(("uncompiled_framework",), dont_write=False)[0] == "ok"  # written at its first import
+    assert bytecode_row(("torch", "mxnet"), dont_write=True)[0] == "ok", "make install compiles them"
