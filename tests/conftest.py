@@ -19,9 +19,11 @@ def pytest_configure(config):
                                        "files of MACHINE_WIDE, one after another")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # make test: pytest -n 2 --dist loadgroup. Each file is one group (its module fixtures, such as a trained model,
-    # are computed once, in one worker); the machine-wide files and tests share one.
+    # are computed once, in one worker); the machine-wide files and tests share one. tryfirst: pytest-xdist's own
+    # hook reads the groups into the test ids, and as a plugin registered after this file it would run first.
     for item in items:
         name = os.path.basename(str(item.fspath))
         machine = name in MACHINE_WIDE or item.get_closest_marker("machine") is not None
