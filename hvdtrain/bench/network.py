@@ -332,7 +332,8 @@ def calibrate(timed: Dict[int, Dict], rate: str) -> Dict:
     samples = [(op, nbytes, int(n), seconds) for nbytes, rows in timed.items()
                for n, ops in rows["collectives_seconds"].items() for op, seconds in ops.items()]
     fit = fit_link(samples)
-    return {**fit, "sizes_bytes": sorted(timed), "samples": len(samples), "beta_at_rate": 8.0 / rate_bits(rate)}
+    return {**fit, "sizes_bytes": sorted(timed), "samples": len(samples), "beta_at_rate": 8.0 / rate_bits(rate),
+            "timings": [list(s) for s in samples]}  # (operation, bytes, hosts, seconds): to refit elsewhere
 
 
 def _print_collectives(result: Dict) -> None:
