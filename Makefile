@@ -53,7 +53,7 @@ $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile
 	$(COMPILE)
 	@touch $@
 
-COMPILE = @$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
+COMPILE = @$(PY) -W ignore -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
 	hvdtrain recipes tests scripts || true
 
 horovod: deps
