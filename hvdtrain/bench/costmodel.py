@@ -206,11 +206,9 @@ def ps_step(compute: Compute, hosts: int, per_host: int, servers: int, net: Link
     the backward pass with ``overlap``); the busiest host link sets the bandwidth term; per array, a push and a pull
     message to each server."""
     n = compute.gradient_bytes
-    workers = hosts  # a host's ranks are aggregated locally: one push per host
-    if workers * per_host <= 1:
-        return {"seconds": compute.seconds, "exposed_communication": 0.0, "communication": 0.0}
-    if workers == 1:  # one host: the kvstore's local aggregation, no network
-        return {"seconds": compute.seconds, "exposed_communication": 0.0, "communication": 0.0}
+    workers = hosts  # a host's ranks (per_host of them) are aggregated locally: one push per host
+    if workers <= 1:  # one host: the kvstore's local aggregation, no network
+        return {"seconds": compute.seconds, "exposed_communication": 0.0, "communication": 0.0, "messages": 0}
     share = n / servers
     if colocated:
         # a host with a server: pushes in from the other workers and its worker's pulls from the other servers

@@ -315,12 +315,12 @@ def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: floa
     each of ``frontends``."""
     elements = gradient_bytes(hidden) // 4
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
-        rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds)
+        rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds, elements)
         # a second size, through the first frontend: what separates the per-message cost from the per-byte ones
         small = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends[:1], rounds, elements // 8)
     return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
             "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
-            "gradient_mb": gradient_bytes(hidden) / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
+            "gradient_mb": 4 * elements / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
             "calibration": calibrate({4 * elements: rows, 4 * (elements // 8): small}, rate),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
