@@ -137,3 +137,20 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
     assert by["ps 1 server"] < by["ps server per host"]
     with pytest.raises(ConfigError, match="calibrate at the same --rate"):
         read_calibration(str(path), "500mbit", 0.4)
+
+
+def test_project_writes_its_table_json_and_chart(tmp_path):
+    # The whole command on the MNIST recipe's network: its gradients measured here, projected to 1 and 4 hosts.
+    import json
+    result = run(hvdtrain("bench", "project", "--model", "mnist", "--img-per-sec-per-gpu", "2000", "--batch-size",
+                          "32", "--link", "1gbit", "--ranks-per-host", "2", "--hosts", "1,4", "--output-dir",
+                          str(tmp_path)), timeout=180)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((tmp_path / "project.json").read_text())
+    assert [r["ranks"] for r in data["rows"]] == [2, 8] and data["tensors"] == 8
+    assert data["gradient_mb"] == pytest.approx(4 * 1630090 / 1e6, rel=0.01)  # the recipe's 1.63 M parameters
+    one, four = data["rows"]
+    assert one["horovod"]["efficiency"] > four["horovod"]["efficiency"] > 0
+    assert four["ps 1 server"]["efficiency"] < four["ps server per host"]["efficiency"]
+    assert (tmp_path / "project.png").read_bytes()[:4] == b"\x89PNG"
+    assert "hosts  ranks" in result.stdout, describe(result)
