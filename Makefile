@@ -158,10 +158,9 @@ bench-network: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
-# Three pytest workers on 2 cores: a test's jobs wait on start-ups, rendezvous, timeouts and stalls it provokes, so
-# two workers left about a sixth of the machine idle; files run whole in one worker, the machine-wide ones one after
-# another (tests/conftest.py).
-TEST_WORKERS ?= 3
+# Two pytest workers: the suite leaves about half of a 2-core machine idle (its jobs wait on start-ups, timeouts and
+# each other); files run whole in one worker, the machine-wide ones one after another (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: install
 	-@bash scripts/install_fashion_mnist.sh
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
