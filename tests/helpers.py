@@ -118,8 +118,9 @@ def cluster_up(script: str, state: str, hosts: int, why_not: str = ""):
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def hvdtrain_processes(namespace: str) -> dict:
-    """The hvdtrain processes running in network namespace ``namespace``: pid -> command line."""
+def hvdtrain_processes(namespace: str, also: tuple = ()) -> dict:
+    """The hvdtrain processes running in network namespace ``namespace`` (and those whose command line holds one of
+    ``also``): pid -> command line."""
     pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
     out = {}
     for pid in pids:
@@ -128,6 +129,6 @@ def hvdtrain_processes(namespace: str) -> dict:
                 args = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "hvdtrain" in args:
+        if "hvdtrain" in args or any(a in args for a in also):
             out[pid] = args
     return out

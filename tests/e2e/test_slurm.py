@@ -140,7 +140,14 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         slow.unlink()
         slurm.node("host1", "start")
         job_id = slurm.jobs().split()[0]
-        time.sleep(1)  # host1 registers again (ReturnToService=2)
+        # host1 registers again (ReturnToService=2), and its slurmd ends the job's old step there (its ranks went on
+        # without a slurmd). The requeued job starts only after both: Slurm's requeue delay, skipped below, is what
+        # gives them that time, and a new step 4.0 launched beside the old one fails on the old one's sockets.
+        deadline = time.monotonic() + 60
+        while (left := _hvdtrain_processes(slurm.state, "host1", also=(f"slurmstepd: [{job_id}.",))) or \
+                slurm.run("sinfo", "-h", "-n", "host1", "-o", "%T", timeout=30).stdout.strip() != "idle":
+            assert time.monotonic() < deadline, f"host1 is not back, or its old step still runs: {left}"
+            time.sleep(0.5)
         slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", timeout=30)  # skip Slurm's requeue delay
         output, _ = job.communicate(timeout=180)
         ref_output, _ = reference.communicate(timeout=180)
@@ -167,10 +174,10 @@ def _job_log(out: str) -> str:
     return open(f"{out}.log").read() if os.path.exists(f"{out}.log") else f"(no {out}.log yet)"
 
 
-def _hvdtrain_processes(state: str, host: str) -> dict:
+def _hvdtrain_processes(state: str, host: str, also: tuple = ()) -> dict:
     with open(os.path.join(state, "net", "env")) as f:
         prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
-    return hvdtrain_processes(f"{prefix}h{host[len('host'):]}")
+    return hvdtrain_processes(f"{prefix}h{host[len('host'):]}", also)
 
 
 def _namespaces() -> set:
