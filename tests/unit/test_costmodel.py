@@ -1,4 +1,5 @@
 """The step's cost model (hvdtrain.bench.costmodel) and `bench project`'s input checks."""
+import json
 import random
 
 import pytest
@@ -114,7 +115,6 @@ def test_project_refuses_bad_input_in_one_line(args, message, tmp_path):
 
 
 def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_path):
-    import json
     from hvdtrain.bench.network import predict, read_calibration
     cal = {"alpha": 1e-3, "beta": 8 / 200e6, "gamma": 1e-9}
     path = tmp_path / "collectives.json"
@@ -141,7 +141,6 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
 
 def test_project_writes_its_table_json_and_chart(tmp_path):
     # The whole command on the MNIST recipe's network: its gradients measured here, projected to 1 and 4 hosts.
-    import json
     result = run(hvdtrain("bench", "project", "--model", "mnist", "--img-per-sec-per-gpu", "2000", "--batch-size",
                           "32", "--link", "1gbit", "--ranks-per-host", "2", "--hosts", "1,4", "--output-dir",
                           str(tmp_path)), timeout=180)
