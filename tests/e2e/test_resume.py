@@ -95,30 +95,46 @@ def test_reseed_at_checkpoints_resumes_exactly_from_a_checkpoint_boundary_only(d
         assert_same_end(full, between, epochs=3, steps=66)
 
 
-def test_resume_of_a_finished_run_trains_nothing(digits, tmp_path):
+FINISHED = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", "torch", "--epochs", "3", "--keep-checkpoints", "2"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(digits, tmp_path_factory):
+    """A finished 3-epoch run of the MNIST recipe on PyTorch (its last 2 checkpoints kept), trained once for the tests
+    below; each works on a copy of it."""
+    out = str(tmp_path_factory.mktemp("finished") / "run")
+    result = run(horovodrun(2, *FINISHED, "--data-dir", digits, "--output-dir", out), timeout=240)
+    assert result.returncode == 0, describe(result)
+    return out
+
+
+def copy_of(finished_run: str, tmp_path) -> str:
+    import shutil
     out = str(tmp_path / "run")
-    cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--epochs", "1", "--output-dir", out]
-    assert run(horovodrun(2, *cmd), timeout=240).returncode == 0
-    again = run(horovodrun(2, *cmd), timeout=240)
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def test_resume_of_a_finished_run_trains_nothing(digits, finished_run, tmp_path):
+    out = copy_of(finished_run, tmp_path)
+    again = run(horovodrun(2, *FINISHED, "--data-dir", digits, "--output-dir", out), timeout=240)
     assert again.returncode == 0, describe(again)
     assert "nothing to train" in again.output
-    assert len(read_metrics(out)) == 1
+    assert len(read_metrics(out)) == 3
 
 
-def test_checkpoint_of_another_framework_is_refused_on_every_rank(digits, tmp_path):
-    out = str(tmp_path / "run")
-    base = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--epochs", "1", "--output-dir", out]
-    assert run(horovodrun(2, *base, "--framework", "torch"), timeout=240).returncode == 0
-    other = run(horovodrun(2, *base, "--framework", "mxnet", "--epochs", "2"), timeout=240)
+def test_checkpoint_of_another_framework_is_refused_on_every_rank(digits, finished_run, tmp_path):
+    out = copy_of(finished_run, tmp_path)
+    other = run(horovodrun(2, PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", "mxnet", "--epochs", "4",
+                           "--data-dir", digits, "--output-dir", out), timeout=240)
     assert other.returncode != 0
     assert "written by recipe mnist on torch, not mnist on mxnet" in other.output
 
 
-def test_resume_never_sets_the_earlier_run_aside(digits, tmp_path):
-    out = str(tmp_path / "run")
-    base = [PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--output-dir", out]
-    assert run(horovodrun(2, *base, "--epochs", "3", "--keep-checkpoints", "2"), timeout=240).returncode == 0
-    again = run(horovodrun(2, *base, "--epochs", "1", "--resume", "never"), timeout=240)
+def test_resume_never_sets_the_earlier_run_aside(digits, finished_run, tmp_path):
+    out = copy_of(finished_run, tmp_path)
+    again = run(horovodrun(2, PY, "-m", "hvdtrain", "recipe", "mnist", "--data-dir", digits, "--output-dir", out,
+                           "--epochs", "1", "--resume", "never"), timeout=240)
     assert again.returncode == 0, describe(again)
     names = [os.path.basename(p) for p in checkpoint.list_checkpoints(os.path.join(out, "checkpoints"))]
     assert names == [checkpoint.checkpoint_name(1, 22)], "the new run's checkpoint is kept, not pruned"
