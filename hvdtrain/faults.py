@@ -86,6 +86,9 @@ class RankReporter:
         self._thread: Optional[threading.Thread] = None
         self._stall_after = 0.0
         self._wakeup: Optional[socket.socket] = None
+        # stop() writes to this pair to end the heartbeat thread's wait at once, rather than after up to one interval
+        # (every rank's exit waited for it: 0.9 s of a 2-epoch MNIST run here).
+        self._stopper, self._stop_writer = socket.socketpair()
         self.host = host_label()
         # A port that only answers "this rank's host is up and reachable": after a collective failure the other
         # ranks probe it to tell a host cut off from the network from a rank that failed.
@@ -139,6 +142,10 @@ class RankReporter:
     def stop(self) -> None:
         """Stop the heartbeat thread, after one last heartbeat (a finished rank reads "done")."""
         self._stop.set()
+        try:
+            self._stop_writer.send(b"x")
+        except OSError:
+            pass
         if self._wakeup is not None and threading.current_thread() is threading.main_thread():
             # Ignored from now on: at interpreter exit Python resets its handlers, and a late SIGUSR1 would kill.
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -146,7 +153,8 @@ class RankReporter:
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval)
             self._write_beat()
-        self._probe.close()
+        for sock in (self._probe, self._stopper, self._stop_writer):
+            sock.close()
 
     def _write_beat(self) -> None:
         tmp = f"{self.beat_path}.{os.getpid()}.tmp"
@@ -184,9 +192,11 @@ class RankReporter:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            watched = [self._probe] + ([self._wakeup] if self._wakeup is not None else [])
+            watched = [self._probe, self._stopper] + ([self._wakeup] if self._wakeup is not None else [])
             ready, _, _ = select.select(watched, [], [], left)
             for sock in ready:
+                if sock is self._stopper:
+                    continue  # stop(): the loop condition ends the wait
                 try:
                     if sock is self._probe:
                         sock.accept()[0].close()

@@ -97,3 +97,19 @@ def test_autotune_log_best_row(tmp_path):
     assert best["tensor_fusion_threshold"] == 32 and best["cycle_time_ms"] == 2.5 and best["samples"] == 3
     assert format_autotune(best).startswith("fusion threshold 32 MB, cycle time 2.5 ms, cache on")
     assert "no sample" in format_autotune(None)
+
+
+def test_stopping_the_heartbeat_ends_its_wait_at_once_and_writes_the_last_beat(tmp_path):
+    # Every rank stops its reporter on the way out: the heartbeat thread's wait between beats must not delay the exit.
+    from hvdtrain.faults import RankReporter
+    reporter = RankReporter(str(tmp_path), rank=0, interval=60.0).start()
+    time.sleep(0.2)  # the thread is inside its wait by now
+    reporter.progress(7, "done")
+    began = time.monotonic()
+    reporter.stop()
+    assert time.monotonic() - began < 30.0  # the old wait ran out the 60 s interval
+    assert not reporter._thread.is_alive()
+    with open(tmp_path / "heartbeats" / "rank-0.json") as f:
+        beat = json.load(f)
+    assert beat["step"] == 7 and beat["phase"] == "done"
+    reporter.stop()  # a second stop (fit's finally after a failure's) is harmless
