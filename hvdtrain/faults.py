@@ -85,10 +85,13 @@ class RankReporter:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._stall_after = 0.0
-        self._wakeup: Optional[socket.socket] = None
-        # stop() writes to this pair to end the heartbeat thread's wait at once, rather than after up to one interval
+        # The heartbeat thread's wait ends when a byte arrives on this pair: SIGUSR1's number (watch() makes it the
+        # signal's wakeup fd) or stop()'s zero, which ends the wait at once rather than after up to one interval
         # (every rank's exit waited for it: 0.9 s of a 2-epoch MNIST run here).
-        self._stopper, self._stop_writer = socket.socketpair()
+        self._wakeup, self._wakeup_writer = socket.socketpair()
+        for sock in (self._wakeup, self._wakeup_writer):
+            sock.setblocking(False)
+        self._signal_wakes = False  # SIGUSR1 writes to the pair (watch())
         self.host = host_label()
         # A port that only answers "this rank's host is up and reachable": after a collective failure the other
         # ranks probe it to tell a host cut off from the network from a rank that failed.
@@ -125,12 +128,9 @@ class RankReporter:
         self._stall_after = stall_after
         if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGUSR1"):
             return
-        ours, theirs = socket.socketpair()
-        for sock in (ours, theirs):
-            sock.setblocking(False)
         signal.signal(signal.SIGUSR1, lambda signum, frame: None)  # the default action would kill the process
-        signal.set_wakeup_fd(theirs.fileno(), warn_on_full_buffer=False)
-        self._wakeup, self._wakeup_writer = ours, theirs
+        signal.set_wakeup_fd(self._wakeup_writer.fileno(), warn_on_full_buffer=False)
+        self._signal_wakes = True
 
     def forget_ranks_from(self, size: int) -> None:
         """Remove the heartbeats of ranks ``size`` and up, left by an earlier, larger run in this output directory."""
@@ -143,18 +143,21 @@ class RankReporter:
         """Stop the heartbeat thread, after one last heartbeat (a finished rank reads "done")."""
         self._stop.set()
         try:
-            self._stop_writer.send(b"x")
-        except OSError:
+            self._wakeup_writer.send(b"\0")
+        except OSError:  # a second stop: the pair is closed
             pass
-        if self._wakeup is not None and threading.current_thread() is threading.main_thread():
+        if self._signal_wakes and threading.current_thread() is threading.main_thread():
             # Ignored from now on: at interpreter exit Python resets its handlers, and a late SIGUSR1 would kill.
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
             signal.set_wakeup_fd(-1)
+            self._signal_wakes = False
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval)
             self._write_beat()
-        for sock in (self._probe, self._stopper, self._stop_writer):
-            sock.close()
+        self._probe.close()
+        if not self._signal_wakes:  # (still the signal's wakeup fd when stopped from another thread: left open)
+            self._wakeup.close()
+            self._wakeup_writer.close()
 
     def _write_beat(self) -> None:
         tmp = f"{self.beat_path}.{os.getpid()}.tmp"
@@ -192,11 +195,8 @@ class RankReporter:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            watched = [self._probe, self._stopper] + ([self._wakeup] if self._wakeup is not None else [])
-            ready, _, _ = select.select(watched, [], [], left)
-            for sock in ready:
-                if sock is self._stopper:
-                    continue  # stop(): the loop condition ends the wait
+            ready, _, _ = select.select([self._probe, self._wakeup], [], [], left)
+            for sock in ready:  # stop()'s byte: the loop's condition ends the wait
                 try:
                     if sock is self._probe:
                         sock.accept()[0].close()
