@@ -1,4 +1,6 @@
 """The Trainer on 2+ ranks: identical weights, the learning-rate schedule, accumulation, equal steps."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,6 @@ def test_parameters_identical_after_setup_and_after_steps(framework, tmp_path_fa
     assert_same_on_every_rank(t.backend, fingerprint(t.backend.parameters_numpy()), "weights after setup")
     t.train()
     assert t.global_step == 5
-    import gc
     assert gc.get_freeze_count() == 0, "what the run froze is collectable again after it (a later run's garbage)"
     assert_same_on_every_rank(t.backend, fingerprint(t.backend.parameters_numpy()), "weights after 5 steps")
 

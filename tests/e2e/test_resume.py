@@ -10,6 +10,7 @@ The MXNet case runs with HVDTRAIN_GPU_STAND_IN=1: each rank on mx.cpu(local_rank
 default standing in for mx.gpu(local_rank), through setup, training, evaluation, checkpoint and resume.
 """
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -109,7 +110,6 @@ def finished_run(digits, tmp_path_factory):
 
 
 def copy_of(finished_run: str, tmp_path) -> str:
-    import shutil
     out = str(tmp_path / "run")
     shutil.copytree(finished_run, out)
     return out
@@ -149,7 +149,6 @@ def test_a_checkpoint_of_the_previous_version_resumes(framework, tmp_path):
     # tests/data/checkpoints-v0.1: epoch 1 of the tiny recipe written by hvdtrain before its Trainer was split into
     # collaborators (checkpointer, health, model_io). It resumes, and ends where an uninterrupted run of today's
     # code ends: the format is read as before, and training after it is the same.
-    import shutil
     from tests.helpers import ROOT
     flags = ["-m", "hvdtrain", "recipe", "tests.tiny_recipe:TinyTrainer", "--framework", framework, "--epochs", "2",
              "--precision", "fp32", "--momentum", "0.9"]
