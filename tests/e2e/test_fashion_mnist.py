@@ -1,7 +1,7 @@
 """Real data: Fashion-MNIST (Debian's dataset-fashion-mnist; make test installs it as root) on 2 workers.
 
-A subset keeps it short: the first 12,000 training and 2,000 test images, 4 epochs. The bar is far above chance (10%)
-and seven points under what was measured here: 85.2% (PyTorch) and 86.5% (MXNet).
+A subset keeps it short: the first 12,000 training and 2,000 test images, 3 epochs. The bar is far above chance (10%)
+and five points under what was measured here: 83.1% (PyTorch) and 83.0% (MXNet).
 """
 import os
 
@@ -32,10 +32,10 @@ def fashion_subset(tmp_path_factory):
 def test_fashion_mnist_subset_learns_on_2_workers(framework, fashion_subset, tmp_path):
     out = str(tmp_path / "run")
     result = run(horovodrun(2, PY, "-m", "hvdtrain", "recipe", "fashion-mnist", "--framework", framework,
-                            "--data-dir", fashion_subset, "--epochs", "4", "--output-dir", out), timeout=300)
+                            "--data-dir", fashion_subset, "--epochs", "3", "--output-dir", out), timeout=300)
     assert result.returncode == 0, describe(result)
     records = read_metrics(out)
-    assert [r["epoch"] for r in records] == [1, 2, 3, 4] and records[-1]["world_size"] == 2
+    assert [r["epoch"] for r in records] == [1, 2, 3] and records[-1]["world_size"] == 2
     assert records[-1]["val_accuracy"] >= 0.78, records
     assert f"val_accuracy {100 * records[-1]['val_accuracy']:.2f}%" in result.stdout
 

@@ -118,22 +118,6 @@ def test_corrupt_newest_checkpoint_falls_back_on_every_rank(tmp_path):
     assert [r["epoch"] for r in read_metrics(str(out))] == [1, 2, 3, 4, 5]
 
 
-@pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_mid_epoch_resume_equals_uninterrupted(framework, tmp_path):
-    common = ["--framework", framework, "--epochs", "3", "--checkpoint-every-steps", "3", "--keep-checkpoints", "10"]
-    full, split = tmp_path / "full", tmp_path / "split"
-    assert tiny(full, *common, "--resume", "never")[0].returncode == 0
-    assert tiny(split, *common, "--resume", "never", "--max-steps", "6")[0].returncode == 0  # stops inside epoch 2
-    resumed, _ = tiny(split, *common)
-    assert resumed.returncode == 0, describe(resumed)
-    assert "(epoch 1, step 6)" in resumed.output, describe(resumed)
-    a = checkpoint.load(checkpoint.latest_valid(str(full / "checkpoints")))
-    b = checkpoint.load(checkpoint.latest_valid(str(split / "checkpoints")))
-    assert a["trainer"]["global_step"] == b["trainer"]["global_step"] == 12
-    for name, value in a["backend"]["model"].items():
-        assert (value == b["backend"]["model"][name]).all(), name
-
-
 def test_non_finite_loss_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
     out = tmp_path / "run"
     result, seconds = tiny(out, "--epochs", "50", "--fault", "nan", "--fault-step", "10", "--max-bad-steps", "3",
