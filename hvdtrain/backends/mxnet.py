@@ -28,6 +28,7 @@ import numpy as np
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
 from ..loss_scale import DynamicLossScale
+from .gluoncv_compat import import_mxnet
 from .base import Backend, Task
 from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
                         preload_image_codecs, user_threads)
@@ -136,7 +137,7 @@ class MXNetBackend(Backend):
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
-        import mxnet as mx
+        mx = import_mxnet()  # without scikit-learn's import (gluoncv_compat)
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
         # A GPU, or the CPU standing in for one in precision too (GPU_STAND_IN=fp16): fp16 with fp32 master weights.

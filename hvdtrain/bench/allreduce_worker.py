@@ -102,7 +102,8 @@ def shard_collectives(args) -> dict:
     waits by spinning (``WaitAndClear``: poll, yield, repeat), which takes CPU from Horovod's own thread wherever a
     rank has less than a core of its own (a CPU quota), so the two can time the same Gloo operation differently."""
     if args.framework == "mxnet":
-        import mxnet as mx
+        from ..backends.gluoncv_compat import import_mxnet
+        mx = import_mxnet()
         import horovod.mxnet as hvd
         hvd.init()
         ones, done = (lambda k: mx.nd.ones((k,))), (lambda a: a.wait_to_read())

@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+from ..backends.gluoncv_compat import import_mxnet
+
 
 def _recipe(name: str, framework: str, batch_size: int, threads: int, recipe_args=()):
     """The recipe's Trainer for its model and shapes; ``recipe_args`` are its own options (--model, --image-size)."""
@@ -74,7 +76,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
 def _gluon_model(args):
     """The recipe's Gluon network, initialized with shapes resolved, and one fixed synthetic batch."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import mxnet as mx
+    mx = import_mxnet()
     trainer = _recipe(args.recipe, "mxnet", args.batch_size, args.threads, args.recipe_args)
     mx.random.seed(trainer.cfg.seed)
     ctx = mx.cpu()
@@ -168,7 +170,7 @@ def single_mxnet(args) -> dict:
     """The Gluon loop in one process, no Horovod and no kvstore: the common single-worker baseline against which
     every distributed arm's scaling efficiency is taken."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import mxnet as mx
+    mx = import_mxnet()
     trainer, net, x, y = _gluon_model(args)
     cfg = trainer.cfg
     net.hybridize()
@@ -181,7 +183,7 @@ def ps_mxnet(args) -> dict:
     """The Gluon loop on MXNet's parameter server (kvstore dist_sync): start it as a worker, with the scheduler and
     servers running and DMLC_* set (``bench ps`` does all of that)."""
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    import mxnet as mx
+    mx = import_mxnet()
     kv = mx.kv.create("dist_sync")
     trainer, net, x, y = _gluon_model(args)
     cfg = trainer.cfg
