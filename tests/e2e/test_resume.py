@@ -83,18 +83,19 @@ def test_reseed_at_checkpoints_resumes_exactly_from_a_checkpoint_boundary_only(d
     boundaries does not (dropout draws other masks): the framework's generator really is left alone there."""
     def train(out, *extra):
         cmd = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", "mxnet", "--data-dir", digits, "--epochs",
-               "3", "--reseed", "checkpoint", "--checkpoint-every-steps", "5", "--output-dir", out, *extra]
+               "2", "--reseed", "checkpoint", "--checkpoint-every-steps", "5", "--output-dir", out, *extra]
         result = run(horovodrun(2, *cmd), timeout=240)
         assert result.returncode == 0, describe(result)
 
-    full, at_boundary, between = (str(tmp_path / name) for name in ("full", "at-35", "at-37"))
+    # 22 steps per epoch: both stops are inside epoch 1, and epoch 2, which neither resumes into, is compared
+    full, at_boundary, between = (str(tmp_path / name) for name in ("full", "at-15", "at-17"))
     train(full, "--resume", "never")
-    for out, stop in ((at_boundary, "35"), (between, "37")):
+    for out, stop in ((at_boundary, "15"), (between, "17")):
         train(out, "--resume", "never", "--max-steps", stop)
         train(out)
-    assert_same_end(full, at_boundary, epochs=3, steps=66)
+    assert_same_end(full, at_boundary, epochs=2, steps=44)
     with pytest.raises(AssertionError):
-        assert_same_end(full, between, epochs=3, steps=66)
+        assert_same_end(full, between, epochs=2, steps=44)
 
 
 FINISHED = [PY, "-m", "hvdtrain", "recipe", "mnist", "--framework", "torch", "--epochs", "3", "--keep-checkpoints", "2"]
