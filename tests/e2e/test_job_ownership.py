@@ -4,7 +4,7 @@ import os
 import subprocess
 import time
 
-from tests.helpers import PY, describe, env, hvdtrain, kill_tree, run
+from tests.helpers import describe, env, hvdtrain, kill_tree, run
 
 TINY = ["recipe", "tests.tiny_recipe:TinyTrainer", "--epochs", "1", "--resume", "never"]
 
@@ -46,7 +46,7 @@ def test_a_second_job_on_a_live_jobs_output_dir_is_refused(tmp_path):
         second = run(hvdtrain(*TINY, "--framework", "mxnet", "--output-dir", out), timeout=120)
         assert first.poll() is None, "the first job ended before the second started: the test proves nothing"
         assert second.returncode == 2, describe(second)
-        assert f"is in use by a running job (host" in second.stderr and f"pid {first.pid}," in second.stderr, \
+        assert "is in use by a running job (host" in second.stderr and f"pid {first.pid}," in second.stderr, \
             describe(second)
         gate.unlink()  # let the first job finish: its outputs are its own
         assert first.wait(timeout=120) == 0, first.stdout.read()

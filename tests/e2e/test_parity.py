@@ -24,7 +24,6 @@ change it. Measured: running variances within 4.3e-3, inference-mode logits with
 """
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
