@@ -56,14 +56,14 @@ $(VENV)/.deps-stamp: setup.cfg $(CONSTRAINTS) Makefile scripts/venv_cache.sh
 	@bash scripts/check_stack.sh "$(PYTHON)" "$(FRAMEWORKS)"
 	@set -e; key=$(DEPS_KEY); \
 	if bash scripts/venv_cache.sh restore "$(PYTHON)" "$(VENV)" "$$key"; then \
-		$(PIP_INSTALL) --no-deps --no-build-isolation -e .; $(COMPILE) hvdtrain recipes tests scripts || true; \
+		$(PIP_INSTALL) --no-deps --no-build-isolation -e .; \
 	else \
 		test -x $(PY) || $(PYTHON) -m venv $(VENV); \
 		echo '$(PIP_INSTALL) $(DEPS_ARGS)'; $(PIP_INSTALL) $(DEPS_ARGS); \
-		$(COMPILE) "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-			hvdtrain recipes tests scripts || true; \
+		$(COMPILE) "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true; \
 		bash scripts/venv_cache.sh save "$(VENV)" "$$key" || true; \
-	fi
+	fi; \
+	$(COMPILE) hvdtrain recipes tests scripts || true
 	@touch $@
 
 COMPILE = $(PY) -W ignore -m compileall -qq -j 0

@@ -8,7 +8,7 @@
 # KEY names everything that decides what is installed (make deps computes it: the Python, the pip command line, the
 # text of setup.cfg, scripts/constraints.txt and this script, and pip's configuration). A snapshot is VENV's
 # site-packages, bytecode included, with hvdtrain's own editable install left out, plus VENV/bin's scripts with their
-# interpreter line made relative. Files are hard links into the snapshot (a copy where the cache is on another
+# interpreter line replaced by a placeholder. Files are hard links into the snapshot (a copy where the cache is on another
 # filesystem): pip replaces files, it never writes into one, so an install or an upgrade in a venv leaves the snapshot
 # as it was. Restore makes a venv with PYTHON, links the snapshot in, writes the scripts for the new venv's python;
 # make deps then installs hvdtrain itself (editable) into it.
@@ -44,6 +44,7 @@ case "${1:-}" in
     fi
     bin=$(cd "$venv/bin" && pwd)
     for f in "$snap"/bin/*; do
+      [ -e "$f" ] || continue  # an empty bin/
       name=$(basename "$f")
       if [ "$(head -c ${#MARK} "$f")" = "$MARK" ]; then
         { echo "#!$bin/python"; tail -n +2 "$f"; } > "$bin/$name"

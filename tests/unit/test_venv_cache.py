@@ -64,3 +64,25 @@ def test_only_the_two_snapshots_used_last_are_kept(tmp_path):
     assert sorted(os.listdir(tmp_path / "cache")) == ["c", "d"]
     off = run(["bash", SCRIPT, "restore", PY, str(tmp_path / "x"), "d"], timeout=60, HVDTRAIN_VENV_CACHE="off")
     assert off.returncode == 1 and not (tmp_path / "x").exists()
+
+
+def test_a_cache_on_another_filesystem_is_copied_instead_of_linked(tmp_path):
+    # cp -al fails across filesystems ("Invalid cross-device link"): a cp that refuses hard links stands in for that.
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "cp").write_text('#!/bin/sh\ncase "$1" in -al) echo "cp: cannot create hard link" >&2; exit 1;; esac\n'
+                             'exec /bin/cp "$@"\n')
+    (shim / "cp").chmod(0o755)
+    first = tmp_path / "first" / ".venv"
+    site = _venv(first)
+    with open(os.path.join(site, "tinypkg.py"), "w") as f:
+        f.write("VALUE = 7\n")
+    no_links = {"HVDTRAIN_VENV_CACHE": str(tmp_path / "cache"), "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+    assert run(["bash", SCRIPT, "save", str(first), "k"], timeout=120, **no_links).returncode == 0
+    second = tmp_path / "second" / ".venv"
+    restored = run(["bash", SCRIPT, "restore", PY, str(second), "k"], timeout=120, **no_links)
+    assert restored.returncode == 0, describe(restored)
+    out = subprocess.run([str(second / "bin" / "python"), "-c", "import tinypkg, os; print(tinypkg.VALUE, "
+                          "os.stat(tinypkg.__file__).st_ino)"], capture_output=True, text=True, timeout=60)
+    value, inode = out.stdout.split()
+    assert value == "7" and int(inode) != os.stat(os.path.join(site, "tinypkg.py")).st_ino, out
