@@ -100,6 +100,10 @@ class Backend(abc.ABC):
     """Why: the flag, or what auto read (a GPU; the CPU's bf16 flags)."""
     slower_bf16: str = ""
     """Why this framework's bf16 is slower than its fp32 on a CPU even with native bf16 (auto then keeps fp32)."""
+    worker_timeout: float = 0.0
+    """Seconds a loader waits for a batch from its worker processes (``--num-workers``) before failing the job:
+    ``--stall-timeout``, set in :meth:`init`, so that a hung worker ends the run like a stalled collective. 0: no
+    limit."""
 
     @property
     def phases(self) -> PhaseTimer:

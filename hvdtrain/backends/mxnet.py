@@ -137,6 +137,7 @@ class MXNetBackend(Backend):
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
+        self.worker_timeout = float(cfg.stall_timeout)
         mx = import_mxnet()  # without scikit-learn's import (gluoncv_compat)
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
@@ -477,9 +478,11 @@ class MXNetBackend(Backend):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
         if self._records().reads(dataset):
             return self.records.batches(dataset, sampler, batch_size, self.decode_threads(num_workers))
+        # Its workers' batches wait --stall-timeout at most (MXNet's own default: 120 s), as in the PyTorch backend.
         loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
-                                               num_workers=num_workers)
+                                               num_workers=num_workers,
+                                               timeout=max(1, int(self.worker_timeout or 120)))
         return map(self._to_device, loader)
 
     def decode_threads(self, num_workers: int) -> int:

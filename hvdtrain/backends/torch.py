@@ -87,6 +87,18 @@ def _elastic_state(backend):
     return TrainingState()
 
 
+def _within_timeout(loader, seconds: float) -> Iterator[Any]:
+    """``loader``'s batches; its timeout names what it means and what to change."""
+    try:
+        yield from loader
+    except RuntimeError as e:
+        if "timed out" not in str(e):
+            raise
+        raise RuntimeError(f"{e}: a data loader worker (--num-workers) delivered no batch within --stall-timeout "
+                           f"({seconds:g} s): it hung, or reads far too slowly (raise --stall-timeout for slow "
+                           f"storage)") from e
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -104,6 +116,7 @@ class TorchBackend(Backend):
         native_bf16 = self.resolve_precision(cfg, torch.cuda.is_available())
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg)
+        self.worker_timeout = float(cfg.stall_timeout)
         import horovod.torch as hvd
         self.hvd = hvd
         # Horovod: start the background thread and join the job (rank, size, local rank from the launcher).
@@ -362,11 +375,14 @@ class TorchBackend(Backend):
             return ((x, y) for _ in range(len(sampler) // batch_size))
         if isinstance(dataset, ArrayDataset):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
+        # A worker that delivers no batch within --stall-timeout fails the job (RuntimeError "DataLoader timed out
+        # after N seconds"), as a stalled collective does: a hung worker would otherwise leave every rank waiting.
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
-                                             persistent_workers=False)
-        return map(self._to_device, loader)
+                                             persistent_workers=False,
+                                             timeout=self.worker_timeout if num_workers > 0 else 0)
+        return map(self._to_device, _within_timeout(loader, self.worker_timeout) if num_workers > 0 else loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
