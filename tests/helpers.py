@@ -64,11 +64,58 @@ def run(cmd, timeout: float, cwd: str = ROOT, **extra_env) -> Result:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        where = hang_report(proc, cmd)
         kill_tree(proc)
         out, err = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\n"
-                             f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}")
+                             f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}\n--- where it hung\n{where}")
     return Result(proc.returncode, out, err)
+
+
+def hang_report(proc: subprocess.Popen, cmd) -> str:
+    """What every process of a job that ran past its timeout was doing, before it is killed: its state, CPU time and
+    the kernel waits of its threads, its Python stacks (py-spy, a test dependency, where it can attach), and the
+    job's heartbeat table when the command names an --output-dir: what a hang that does not repeat leaves to go by."""
+    try:
+        procs = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    spy = shutil.which("py-spy", path=BIN + os.pathsep + os.environ.get("PATH", ""))
+    lines = []
+    for p in procs:
+        try:
+            with p.oneshot():
+                head = (f"pid {p.pid} ({p.status()}, {sum(p.cpu_times()[:2]):.1f} CPU-s, {p.num_threads()} threads, "
+                        f"waiting in {', '.join(sorted(_kernel_waits(p.pid))) or '?'}): {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+        lines.append(head)
+        if spy and "python" in p.name():
+            try:  # with the native frames (a process frozen inside a C call shows which), else without them
+                dump = subprocess.run([spy, "dump", "--native", "--pid", str(p.pid)], capture_output=True, text=True,
+                                      timeout=30)
+                if dump.returncode != 0:
+                    dump = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True,
+                                          timeout=30)
+                lines.append("    " + (dump.stdout or dump.stderr).strip()[-3000:].replace("\n", "\n    "))
+            except subprocess.TimeoutExpired:
+                lines.append("    (py-spy did not answer in 30 s)")
+    if "--output-dir" in cmd[:-1]:
+        from hvdtrain.faults import heartbeat_table
+        lines.append(heartbeat_table(cmd[cmd.index("--output-dir") + 1], "when the test's timeout expired"))
+    return "\n".join(lines)
+
+
+def _kernel_waits(pid: int) -> set:
+    """The kernel functions the threads of ``pid`` sleep in (/proc/PID/task/TID/wchan): futex_wait, do_select, ..."""
+    waits = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                waits.add(f.read().strip() or "running")
+    except OSError:
+        pass
+    return waits
 
 
 def hvdtrain(*args) -> list:
