@@ -9,7 +9,7 @@ if ROOT not in sys.path:
 
 MACHINE_WIDE = {"test_multihost.py", "test_slurm.py", "test_cpu_quota.py"}
 """Test files that change the machine itself (network namespaces and shaped links, cgroups, a Slurm cluster) and
-check it is left as they found it: under pytest-xdist (make test runs two workers) they run one after another in
+check it is left as they found it: under pytest-xdist (make test runs three workers) they run one after another in
 one worker, never beside each other. A test elsewhere that does so is marked ``@pytest.mark.machine`` (the shaped
 network benchmarks of test_bench.py): it joins them, and the rest of its file runs beside them."""
 
@@ -21,7 +21,7 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # make test: pytest -n 2 --dist loadgroup. Each file is one group (its module fixtures, such as a trained model,
+    # make test: pytest -n 3 --dist loadgroup. Each file is one group (its module fixtures, such as a trained model,
     # are computed once, in one worker); the machine-wide files and tests share one. tryfirst: pytest-xdist's own
     # hook reads the groups into the test ids, and as a plugin registered after this file it would run first.
     for item in items:
