@@ -46,6 +46,14 @@
    extension whose library is missing counts as not built, as its import would; "is the framework importable"
    (extension_available) and "is there a GPU" (gpu_available) still import.
 
+7. A stall that is never reported under Gloo: GlooController::Initialize fills its list of the process set's
+   global ranks with reserve() and an allgather into data(), so the list keeps size 0, and the stall inspector, which
+   walks the ranks of that list (CheckForStalledTensors), never finds a rank missing. A rank that stops submitting
+   tensors while alive (blocked in its own code, its data) is then neither warned about after
+   HOROVOD_STALL_CHECK_TIME_SECONDS nor shut down after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, and the job waits
+   forever (measured: 2 ranks, one sleeping 40 s before an allreduce with 5 s / 10 s set, no warning, no shutdown;
+   the MPI controller sizes the list and reports it). The list is resized instead.
+
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
 """
@@ -268,6 +276,14 @@ def extension_available(ext_base_name, verbose=False):
 ]
 
 
+GLOO_CONTROLLER = os.path.join("horovod", "common", "gloo", "gloo_controller.cc")
+# (file, old, new, count) for fix 7.
+GLOO_RANKS = [
+    (GLOO_CONTROLLER, "  global_ranks_.reserve(size_);\n",
+     "  global_ranks_.resize(size_);  // hvdtrain (fix 7): reserve() left it empty for the stall inspector\n", 1),
+]
+
+
 class PatchError(RuntimeError):
     pass
 
@@ -297,6 +313,7 @@ def patch(src: str) -> List[Tuple[str, str]]:
     done += [(CXX_FILES[0], _replace(os.path.join(src, CXX_FILES[0]), old, new, 1)) for old, new in CUDA_LANGUAGE]
     done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in BLOCKING_WAIT]
     done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in BUILT_FLAGS]
+    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in GLOO_RANKS]
     return done
 
 
