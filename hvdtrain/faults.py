@@ -357,7 +357,8 @@ def explain_failure(output_dir: str, rank: int, wait: float = 3.0) -> Optional[s
         b = min(stale, key=lambda b: b["time"])
         return (f"rank {b['rank']} ({b['host']}, pid {b['pid']}) stopped responding at step {b['step']} "
                 f"({b['phase']}): stalled or killed [{table}]")
-    behind = min(beats, key=lambda b: b["step"])
-    if behind["step"] < max(b["step"] for b in beats):
-        return f"rank {behind['rank']} ({behind['host']}) fell behind at step {behind['step']} [{table}]"
+    if len({_progress(b) for b in beats}) > 1:  # a live rank the others waited for (Horovod's stall shutdown)
+        b = min(beats, key=_progress)
+        return (f"rank {b['rank']} ({b['host']}, pid {b['pid']}) fell behind: {b.get('in_phase', 0.0):.0f}s in "
+                f"{b['phase']} at step {b['step']} while the others waited [{table}]")
     return None

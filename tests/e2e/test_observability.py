@@ -84,10 +84,11 @@ def test_autotune_writes_its_log_and_prints_the_choice(tmp_path):
 def test_heartbeat_table_names_the_slow_rank_on_a_stall_and_on_sigusr1(tmp_path):
     out = tmp_path / "out"
     marker = tmp_path / "slept"
-    # Rank 1 stops for 12 s in its data loading at its 6th batch; with --stall-timeout 16 rank 0 prints the table
-    # after 8 s of waiting by itself, and once more when it gets SIGUSR1. The job then finishes normally.
-    cmd = horovodrun(2, *hvdtrain("recipe", TINY, "--epochs", "3", "--stall-timeout", "16", "--fault", "sleep",
-                                  "--fault-rank", "1", "--fault-step", "6", "--fault-seconds", "12",
+    # Rank 1 stops for 15 s in its data loading at its 6th batch; with --stall-timeout 22 rank 0 prints the table
+    # after 11 s of waiting by itself, and once more when it gets SIGUSR1. The job then finishes normally: Horovod's
+    # stall shutdown would end it only after 22 s.
+    cmd = horovodrun(2, *hvdtrain("recipe", TINY, "--epochs", "3", "--stall-timeout", "22", "--fault", "sleep",
+                                  "--fault-rank", "1", "--fault-step", "6", "--fault-seconds", "15",
                                   "--fault-once", str(marker), "--output-dir", str(out)))
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hvdtrain.faults import heartbeat_table
+from hvdtrain.faults import explain_failure, heartbeat_table
 from hvdtrain.phases import PHASES, PhaseTimer, stragglers, summarize
 from hvdtrain.report import autotune_best, format_autotune
 
@@ -85,6 +85,23 @@ def test_heartbeat_table_marks_the_rank_behind_and_the_silent_one(tmp_path):
     _beat(beats, 2, 38, "forward", 30)
     table = heartbeat_table(str(tmp_path), "test").splitlines()
     assert "silent" in table[4] and "30.0s ago" in table[4]
+
+
+def test_a_collective_failure_names_the_live_rank_the_others_waited_for(tmp_path):
+    # Horovod's stall shutdown ends the job while rank 1 is still in its data loading of the same step (alive: its
+    # heartbeat is fresh): every rank's error names rank 1, where it was and for how long
+    beats = tmp_path / "heartbeats"
+    beats.mkdir()
+    _beat(beats, 0, 19, "allreduce", 0.5)
+    _beat(beats, 1, 19, "data", 0.5)
+    with open(beats / "rank-1.json") as f:
+        beat = json.load(f)
+    beat.update(in_phase=61.0, host="h1", pid=4242)
+    (beats / "rank-1.json").write_text(json.dumps(beat))
+    why = explain_failure(str(tmp_path), 0, wait=0)
+    assert why.startswith("rank 1 (h1, pid 4242) fell behind: 61s in data at step 19 while the others waited"), why
+    _beat(beats, 1, 19, "allreduce", 0.5)  # every rank at the same point: nothing to name
+    assert explain_failure(str(tmp_path), 0, wait=0) is None
 
 
 def test_autotune_log_best_row(tmp_path):
