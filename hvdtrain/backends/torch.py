@@ -377,12 +377,12 @@ class TorchBackend(Backend):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
         # A worker that delivers no batch within --stall-timeout fails the job (RuntimeError "DataLoader timed out
         # after N seconds"), as a stalled collective does: a hung worker would otherwise leave every rank waiting.
+        limit = self.worker_timeout if num_workers > 0 else 0  # (PyTorch refuses a timeout without workers)
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
-                                             persistent_workers=False,
-                                             timeout=self.worker_timeout if num_workers > 0 else 0)
-        return map(self._to_device, _within_timeout(loader, self.worker_timeout) if num_workers > 0 else loader)
+                                             persistent_workers=False, timeout=limit)
+        return map(self._to_device, _within_timeout(loader, limit) if limit else loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
