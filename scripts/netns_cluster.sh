@@ -10,7 +10,8 @@
 #
 # After "up", DIR holds: hosts (one "NAME ADDRESS" line per host), hostfile (NAME slots=1), id_ed25519 (the client
 # key), ssh_config, bin/ssh (ssh with that config: put DIR/bin first in PATH for horovodrun, or pass it to mpirun
-# as -mca plm_rsh_agent DIR/bin/ssh), and env (shell lines: NETNS_PREFIX, NETNS_SUBNET). Each host's /etc/hosts
+# as -mca plm_rsh_agent DIR/bin/ssh), env (shell lines: NETNS_PREFIX, NETNS_SUBNET), and cgroups.sh (below: a host's
+# processes see their cgroup limits). Each host's /etc/hosts
 # (ip netns exec bind-mounts /etc/netns/NS/hosts over it) names every host and maps this machine's hostname to the
 # host's own address: Horovod 0.28.1's Gloo context for process sets ignores HOROVOD_GLOO_IFACE and connects to the
 # hostname.
@@ -106,9 +107,10 @@ MaxStartups 100:30:200
 MaxSessions 100
 EOF
   done
+  write_cgroups_script
   mkdir -p /run/sshd
   for ((i = 0; i < n; i++)); do
-    ip netns exec "${prefix}h$i" /usr/sbin/sshd -f "$dir/sshd_config.$i" -E "$dir/sshd.$i.log"
+    ip netns exec "${prefix}h$i" sh "$dir/cgroups.sh" /usr/sbin/sshd -f "$dir/sshd_config.$i" -E "$dir/sshd.$i.log"
   done
   # Every host reaches every other one over ssh before we say it is up.
   for ((i = 0; i < n; i++)); do
@@ -125,12 +127,28 @@ EOF
   echo "netns_cluster: $n hosts up: $(awk '{printf "%s=%s ", $1, $2}' "$dir/hosts")(state in $dir)"
 }
 
+# DIR/cgroups.sh CMD...: mount this machine's cgroup hierarchies again, then exec CMD. ip netns exec mounts a new
+# /sys for the namespace, without the cgroup file systems under /sys/fs/cgroup, so a process on a host could not read
+# its own CPU quota (cpu.cfs_quota_us, cpu.max) as it can in a container or a Slurm job; what reads the quota (hvdtrain's
+# threads per rank and its choice of how Horovod waits) would then see none. Every process a host's sshd starts, and
+# every command run on a host, sees them again.
+write_cgroups_script() {
+  {
+    echo '#!/bin/sh'
+    echo '# hvdtrain netns_cluster: the machine cgroup mounts, then the command'
+    awk '$2 == "/sys/fs/cgroup" && $3 == "tmpfs" {printf "mount -t tmpfs -o %s %s %s\n", $4, $1, $2}' /proc/self/mounts
+    awk '$3 == "cgroup" || $3 == "cgroup2" {printf "mkdir -p %s 2>/dev/null; mount -t %s -o %s %s %s\n", $2, $3, $4, $1, $2}' \
+      /proc/self/mounts
+    echo 'exec "$@"'
+  } > "$dir/cgroups.sh"
+}
+
 run_on() {
   local host=$1; shift
   # shellcheck disable=SC1091
   . "$dir/env"
   local i=${host#host}
-  exec ip netns exec "${NETNS_PREFIX}h$i" "$@"
+  exec ip netns exec "${NETNS_PREFIX}h$i" sh "$dir/cgroups.sh" "$@"
 }
 
 down_quiet() { down 2>/dev/null || true; }

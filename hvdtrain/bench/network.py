@@ -140,10 +140,12 @@ class Cluster:
                     quota.add(i, int(pid))
 
     def prefix(self, host: int) -> List[str]:
-        ns = ["ip", "netns", "exec", f"{self.ns_prefix}h{host}"]
+        # ip netns exec mounts a /sys without the cgroups: cgroups.sh mounts them again, so that a rank reads its
+        # host's quota as in a container (hvdtrain chooses its threads and Horovod's wait by it).
+        ns = ["ip", "netns", "exec", f"{self.ns_prefix}h{host}", "sh", os.path.join(self.state, "cgroups.sh")]
         if self.quota is None:
             return ns
-        # Into the host's group before entering its namespace (ip netns exec remounts /sys, without the cgroups).
+        # Into the host's group before entering its namespace.
         return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', self.quota.procs(host), *ns]
 
     def links(self) -> Iterator[Tuple[List[str], str]]:

@@ -178,6 +178,29 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
 
 
 @pytest.mark.machine
+def test_a_shaped_host_reads_its_cpu_quota_as_a_container_would():
+    """A process on a namespace host, started directly or over ssh by a launcher, reads its host's CPU quota, and so
+    hvdtrain chooses Horovod's blocking wait there. ip netns exec mounts a /sys without the cgroups: before
+    scripts/netns_cluster.sh mounted them again, every rank of `bench network` saw no quota, and horovod.torch spun
+    through every allreduce on a quarter of a core."""
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    from hvdtrain.bench.network import shaped_cluster
+    probe = ("from hvdtrain.backends.resources import cgroup_cpu_quota, spin_wait; "
+             "q = cgroup_cpu_quota(); print('quota', q and round(q[0], 3), 'spin', spin_wait())")
+    with shaped_cluster(2, "200mbit", cpu_quota=0.3) as cluster:
+        ssh = os.path.join(cluster.state, "bin", "ssh")
+        direct = subprocess.run([*cluster.prefix(1), PY, "-c", probe], capture_output=True, text=True, timeout=60,
+                                cwd=ROOT)
+        remote = subprocess.run([*cluster.prefix(0), ssh, "host1", f"cd {ROOT} && {PY} -c \"{probe}\""],
+                                capture_output=True, text=True, timeout=60)
+    for how, proc in (("directly", direct), ("over ssh", remote)):
+        assert proc.returncode == 0, (how, proc.stdout, proc.stderr)
+        assert proc.stdout.split() == ["quota", "0.3", "spin", "0"], (how, proc.stdout, proc.stderr)
+
+
+@pytest.mark.machine
 def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_links(tmp_path):
     """--collectives-only: the same shaped hosts, the allreduce and --shard-optimizer's reduce-scatter and allgather
     timed alone against their bytes at the rate, the links' cost model calibrated from them, and nothing left
