@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from .threads import ROLES, per_step
+
 PHASES = ("data", "forward", "backward", "allreduce", "step", "other")
 """The phases in the order a step runs them. ``other``: reading the loss back (where an asynchronous engine's queued
 work is waited for), callbacks, logging and mid-epoch checkpoints."""
@@ -132,15 +134,21 @@ def format_phases(means: Dict[str, float], phases: Iterable[str] = PHASES) -> st
 
 
 def epoch_timing(timer: PhaseTimer, backend, profiled: bool, steps: int, train_seconds: float, epoch_seconds: float,
-                 cpu_seconds: float) -> Tuple[Dict[str, Any], Dict[str, float]]:
+                 cpu_seconds: float, threads: Optional[Dict[str, float]] = None
+                 ) -> Tuple[Dict[str, Any], Dict[str, float]]:
     """An epoch's per-phase step times across the job: every rank's phase means, its training time, its time for the
-    whole epoch and its process's CPU time while training, gathered in one collective (``backend.allgather_floats``);
-    the phases averaged with the slowest rank of each (:func:`summarize`), every rank's CPU seconds per step, and the
-    slowest rank's training and epoch time, which are the job's."""
+    whole epoch and its process's CPU time while training, by thread role too (:mod:`hvdtrain.threads`), gathered in
+    one collective (``backend.allgather_floats``); the phases averaged with the slowest rank of each
+    (:func:`summarize`), every rank's CPU seconds per step, in all and by thread role, and the slowest rank's training
+    and epoch time, which are the job's."""
     local = timer.local_means()
-    rows = backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds, cpu_seconds])
+    by_role = per_step(threads or {}, steps)
+    rows = backend.allgather_floats([local[p] for p in PHASES] + [train_seconds, epoch_seconds, cpu_seconds] + by_role)
     clock = "synchronized" if profiled else "launch" if backend.asynchronous else "host"
     n = len(PHASES)
     timing = summarize([dict(zip(PHASES, row)) for row in rows], clock, [row[n] / max(steps, 1) for row in rows])
     timing["cpu_seconds_per_step"] = [round(row[n + 2] / max(steps, 1), 6) for row in rows]  # by rank
+    if threads is not None:
+        timing["thread_cpu_per_step"] = {role: [round(row[n + 3 + i], 6) for row in rows]  # by role, then rank
+                                         for i, role in enumerate(ROLES)}
     return timing, {"train_seconds": max(row[n] for row in rows), "epoch_seconds": max(row[n + 1] for row in rows)}

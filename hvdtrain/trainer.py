@@ -40,6 +40,7 @@ from .health import Health
 from .monitor import Monitor
 from .phases import epoch_timing
 from .report import announce, autotune_best, format_autotune
+from .threads import ThreadCpu
 from .timeline import TimelineWindow
 
 
@@ -255,6 +256,8 @@ class Trainer:
         sums: Dict[str, Any] = {}
         done, resumable, lr = 0, True, backend.get_lr()
         start, cpu_start = time.perf_counter(), time.process_time()  # CPU: every thread (loader, Horovod's)
+        thread_cpu = ThreadCpu()  # and the same by thread: the training thread, Horovod's, the transport's, ...
+        thread_cpu.start()
         self.phases.reset()
         while done < steps and not self._reached_max_steps():
             # With --reseed checkpoint the framework's generator is reseeded only where a run can resume.
@@ -272,6 +275,7 @@ class Trainer:
             self.phases.end_step()
             self.timeline.after_step(self.global_step)
         train_seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        threads = thread_cpu.stop()
         self.reporter.progress(self.global_step, "metrics")
         means = {k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0}
         # Horovod: the training metrics averaged over ranks, and with them whether any rank saw a non-finite loss
@@ -282,7 +286,7 @@ class Trainer:
         backend.average_statistics()  # the model scored here is the one the checkpoint holds, on every rank
         val = self.evaluate()
         timing, slowest = epoch_timing(self.phases, backend, bool(cfg.profile_steps), done, train_seconds,
-                                       time.perf_counter() - start, cpu_seconds)
+                                       time.perf_counter() - start, cpu_seconds, threads)
         record = {"epoch": epoch + 1, "train_loss": train["loss"], **val,
                   **metric_objects.throughput(done * self.global_batch / slowest["train_seconds"],
                                               self.sample_unit, self.tokens_per_sample),

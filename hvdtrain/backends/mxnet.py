@@ -28,6 +28,7 @@ import numpy as np
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
 from ..loss_scale import DynamicLossScale
+from ..threads import created_by
 from .gluoncv_compat import import_mxnet
 from .base import Backend, Task
 from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
@@ -145,7 +146,8 @@ class MXNetBackend(Backend):
         self.gpu_like = mx.context.num_gpus() > 0 or os.environ.get(GPU_STAND_IN) == "fp16"
         native_bf16 = self.resolve_precision(cfg, self.gpu_like)
         # Horovod: start the background thread and join the job.
-        hvd.init()
+        with created_by("horovod", "transport"):  # its threads, for the per-thread CPU of each epoch
+            hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         shared, _ = self.threads_per_rank(0)  # one collective on every rank: what the cores allow, compared

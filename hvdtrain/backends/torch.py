@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
+from ..threads import created_by
 from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
 from .torch_groups import distributed_optimizer
@@ -120,7 +121,8 @@ class TorchBackend(Backend):
         import horovod.torch as hvd
         self.hvd = hvd
         # Horovod: start the background thread and join the job (rank, size, local rank from the launcher).
-        hvd.init()
+        with created_by("horovod", "transport"):  # its threads, for the per-thread CPU of each epoch
+            hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
         self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         self.agree_precision(cfg, native_bf16)  # one collective: every rank computes in the same precision

@@ -32,6 +32,14 @@ def test_mnist_reaches_97_percent_on_2_workers(framework, digits, tmp_path_facto
         assert isinstance(last[key], float), key
     cpu = last["cpu_seconds_per_step"]  # each rank's process CPU time per training step, by rank
     assert len(cpu) == 2 and all(0 < c <= os.cpu_count() * last["epoch_seconds"] / 22 for c in cpu), cpu
+    # and by thread: the compute (PyTorch's training thread, MXNet's engine threads) does most of it; Horovod's
+    # background thread and Gloo's exist and work
+    threads = last["thread_cpu_per_step"]
+    assert list(threads) == ["main", "horovod", "transport", "framework", "python", "ended"], threads
+    for rank in range(2):
+        assert sum(t[rank] for t in threads.values()) == pytest.approx(cpu[rank], abs=0.02), (rank, threads, cpu)
+        compute = threads["main"][rank] + threads["framework"][rank]
+        assert compute > threads["horovod"][rank] > 0 and threads["transport"][rank] > 0, threads
     check_config(out, framework, digits, records)
     scalars = tensorboard_scalars(os.path.join(out, "tensorboard"))
     assert [step for step, _ in scalars["epoch/val_accuracy"]] == list(range(1, 21))

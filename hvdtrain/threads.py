@@ -1,0 +1,101 @@
+"""Where a rank's CPU goes, by thread: the training thread, Horovod's background thread, the transport's threads
+(Gloo's or MPI's, or c10d's for DDP), the framework's own pools, Python threads, and threads that ended.
+
+Linux keeps each thread's CPU time in ``/proc/self/task/TID/stat`` (user + system clock ticks). Threads have no
+useful names (Horovod, Gloo, OpenMP and MXNet's engine leave them as the process's), so they are told apart by when
+they were born: the threads a collective library's start-up creates (``hvd.init()``, ``init_process_group``) are
+recorded around that one call (:func:`created_by`). The first of them is Horovod's background thread: ``hvd.init()``
+starts it, and it builds the Gloo or MPI context, whose threads come after it (the transport). Python threads carry their own names. Every other thread is the framework's (its
+intra-op and engine pools). Nothing here imports a framework; reading the table costs a few system calls per thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Dict, Iterator, List, Optional, Set
+
+ROLES = ("main", "horovod", "transport", "framework", "python", "ended")
+"""The fixed order of the roles (an allgather sends them as one vector): the training (main) thread; Horovod's
+background thread; the transport's threads (Gloo's, MPI's, c10d's); the framework's pools; Python threads other than
+the main one (the heartbeat, loader threads); CPU of threads that ended during the interval."""
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_born: Dict[int, str] = {}  # TID -> role, for the threads recorded by created_by()
+
+
+def thread_ticks(pid: str = "self") -> Dict[int, int]:
+    """Every live thread's CPU time (user + system) in clock ticks, by thread id; {} where /proc is missing."""
+    base = f"/proc/{pid}/task"
+    out = {}
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended between the listing and the read
+        out[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return out
+
+
+@contextlib.contextmanager
+def created_by(first: str = "horovod", rest: str = "transport") -> Iterator[None]:
+    """Record the threads created inside the block: the first created as ``first``, the others as ``rest``
+    (``first=None``: all as ``rest``). Wrap exactly the library's start-up call, nothing else."""
+    before = set(thread_ticks())
+    yield
+    new = sorted(set(thread_ticks()) - before)
+    for i, tid in enumerate(new):
+        _born[tid] = first if i == 0 and first else rest
+
+
+def role_of(tid: int, python: Dict[int, str], main: int) -> str:
+    if tid == main:
+        return "main"
+    if tid in _born:
+        return _born[tid]
+    if tid in python:
+        return "python"
+    return "framework"
+
+
+class ThreadCpu:
+    """CPU seconds by role over an interval: ``start()``, then ``stop()`` returns {role: seconds} for every role of
+    :data:`ROLES`, summing to the process's CPU time over the interval (threads that ended count as "ended")."""
+
+    def __init__(self):
+        self._start: Optional[Dict[int, int]] = None
+        self._cpu0 = 0.0
+
+    def start(self) -> None:
+        import time
+        self._start = thread_ticks()
+        self._cpu0 = time.process_time()
+
+    def stop(self) -> Dict[str, float]:
+        import time
+        out = {role: 0.0 for role in ROLES}
+        if self._start is None:
+            return out
+        now, cpu = thread_ticks(), time.process_time() - self._cpu0
+        python = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        main = threading.main_thread().native_id or os.getpid()
+        for tid, ticks in now.items():
+            out[role_of(tid, python, main)] += (ticks - self._start.get(tid, 0)) / _TICKS
+        live = sum(out.values())
+        out["ended"] = max(0.0, cpu - live)  # threads gone before stop() (ticks make the sum coarse: 10 ms)
+        return out
+
+
+def per_step(seconds: Dict[str, float], steps: int) -> List[float]:
+    """The roles' seconds per step, in :data:`ROLES` order."""
+    return [seconds.get(role, 0.0) / max(steps, 1) for role in ROLES]
+
+
+def known_threads() -> Set[int]:
+    """The thread ids recorded by :func:`created_by` (for tests)."""
+    return set(_born)
