@@ -30,6 +30,22 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..config import ConfigError
+
+
+def rate_bits(rate: str, flag: str = "--rate") -> float:
+    """tc's rate syntax (``500mbit``, ``1gbit``, ``100kbit``) in bits per second; a ConfigError naming ``flag``."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            try:
+                value = float(rate[:-len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise ConfigError(f"{flag} {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
+
 
 @dataclass(frozen=True)
 class Link:

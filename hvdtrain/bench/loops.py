@@ -16,7 +16,7 @@ recipe.
 Throughput is timed like the Trainer's epoch, after ``--warmup`` untimed steps (allocation, MXNet's graph caching,
 Horovod's first negotiations): from the first timed step to the last, every step reading its loss back (as a loop
 that logs does). Rank 0 writes ``{"images_per_sec": global img/s, ...}`` to ``--result``; every rank writes its CPU
-seconds per timed step (all of its threads) to ``--result``.rankN.
+seconds per timed step (all of its threads, and by thread role: :mod:`hvdtrain.threads`) to ``--result``.rankN.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import sys
 import time
 
 from ..backends.gluoncv_compat import import_mxnet
+from ..threads import ROLES, ThreadCpu, created_by, per_step
 
 
 def _recipe(name: str, framework: str, batch_size: int, threads: int, recipe_args=()):
@@ -55,6 +56,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
         if i == args.warmup:
             synchronize()
             start, cpu, args.window = time.perf_counter(), time.process_time(), [time.time()]
+            args.thread_cpu.start()
         opt.zero_grad()
         with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             loss = F.cross_entropy(model(x), y)
@@ -69,6 +71,7 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
         loss.item()
     synchronize()
     args.cpu_seconds = time.process_time() - cpu
+    args.threads = args.thread_cpu.stop()
     args.window.append(time.time())
     return time.perf_counter() - start
 
@@ -99,6 +102,7 @@ def _gluon_steps(net, opt, x, y, args, normalize: int) -> float:
         if i == args.warmup:
             mx.nd.waitall()
             start, cpu, args.window = time.perf_counter(), time.process_time(), [time.time()]
+            args.thread_cpu.start()
         with mx.autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
@@ -106,6 +110,7 @@ def _gluon_steps(net, opt, x, y, args, normalize: int) -> float:
         loss.mean().asscalar()
     mx.nd.waitall()
     args.cpu_seconds = time.process_time() - cpu
+    args.threads = args.thread_cpu.stop()
     args.window.append(time.time())
     return time.perf_counter() - start
 
@@ -128,7 +133,8 @@ def horovod_torch(args) -> dict:
     GradScaler order Horovod documents (synchronize, unscale, step inside skip_synchronize)."""
     import torch
     import horovod.torch as hvd
-    hvd.init()
+    with created_by("horovod", "transport"):
+        hvd.init()
     device, synchronize = torch.device("cpu"), (lambda: None)
     if torch.cuda.is_available():
         torch.cuda.set_device(hvd.local_rank())
@@ -155,7 +161,8 @@ def horovod_torch(args) -> dict:
 def horovod_mxnet(args) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import horovod.mxnet as hvd
-    hvd.init()
+    with created_by("horovod", "transport"):
+        hvd.init()
     trainer, net, x, y = _gluon_model(args)
     cfg = trainer.cfg
     params = net.collect_params()
@@ -199,10 +206,13 @@ def ps_mxnet(args) -> dict:
 def ddp_torch(args) -> dict:
     import torch
     import torch.distributed as dist
-    dist.init_process_group("gloo")
+    with created_by(None, "transport"):  # c10d's Gloo threads
+        dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     trainer, model, opt = _torch_model(args, size, torch.device("cpu"))
-    model = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    # broadcasts rank 0's parameters; --bucket-cap-mb: DDP's gradient buckets (its default 25 MB when not given)
+    buckets = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    model = torch.nn.parallel.DistributedDataParallel(model, **buckets)
     seconds = _torch_steps(model, opt, trainer, args, torch.device("cpu"))
     dist.barrier()  # no rank tears the group down while its peer still talks to it (a SIGABRT was seen)
     dist.destroy_process_group()
@@ -247,15 +257,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="PyTorch loops")
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
+    parser.add_argument("--bucket-cap-mb", type=float, default=None, help="ddp-torch: DDP's bucket size")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)  # the recipe's own options come after --
     args = parser.parse_args(argv[:cut])
     args.recipe_args = argv[cut + 1:]
-    args.cpu_seconds = None
+    args.cpu_seconds, args.thread_cpu = None, ThreadCpu()
     out = LOOPS[args.loop](args)
     if args.cpu_seconds is not None:
         with open(f"{args.result}.rank{out['rank']}", "w") as f:
             json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps,
+                       "thread_cpu_per_step": dict(zip(ROLES, per_step(args.threads, args.steps))),
                        "timed_window": args.window}, f)
     if out["rank"] == 0:
         images = out.get("images", args.steps * args.batch_size * out["size"])

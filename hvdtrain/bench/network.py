@@ -42,25 +42,12 @@ import time
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
+from .costmodel import rate_bits
 from .ps import run_ps
 from .runner import check_sizes, compare, run_worker, write
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
                        "netns_cluster.sh")
-
-
-def rate_bits(rate: str, flag: str = "--rate") -> float:
-    """tc's rate syntax (``500mbit``, ``1gbit``, ``100kbit``) in bits per second; a ConfigError naming ``flag``."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            try:
-                value = float(rate[:-len(unit)])
-            except ValueError:
-                break
-            if value > 0:
-                return value * scale
-    raise ConfigError(f"{flag} {rate!r}: give a rate in tc's syntax, e.g. 500mbit or 1gbit")
 
 
 QUOTA_PERIOD_US = 10000
@@ -204,14 +191,18 @@ def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
             "--gloo", sys.executable, *command]
 
 
-def _rank_cpu(result: str) -> List[float]:
-    """The workers' CPU seconds per timed step, by rank (hvdtrain.bench.loops writes RESULT.rankN)."""
+def _rank_cpu(result: str) -> Dict:
+    """The workers' CPU seconds per timed step, by rank, in all and by thread role (hvdtrain.bench.loops writes
+    RESULT.rankN)."""
     rows = []
     for path in sorted(glob.glob(result + ".rank*")):
         with open(path) as f:
             row = json.load(f)
-        rows.append((row["rank"], row["cpu_seconds_per_step"]))
-    return [cpu for _, cpu in sorted(rows)]
+        rows.append((row["rank"], row["cpu_seconds_per_step"], row.get("thread_cpu_per_step") or {}))
+    rows.sort(key=lambda r: r[0])
+    roles = rows[0][2] if rows else {}
+    return {"worker_cpu_per_step": [cpu for _, cpu, _ in rows],
+            "thread_cpu_per_step": {role: [r[2].get(role, 0.0) for r in rows] for role in roles}}
 
 
 def _single(cluster: Cluster, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
@@ -222,33 +213,82 @@ def _single(cluster: Cluster, steps: int, warmup: int, batch_size: int, recipe_a
                "--steps", str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size), "--threads", "1",
                "--result", result, "--", *recipe_args]
         ips = run_worker(cmd, result, timeout, "the single worker", {"OMP_NUM_THREADS": "1"})["images_per_sec"]
-        return {"images_per_sec": float(ips), "worker_cpu_per_step": _rank_cpu(result)}
+        return {"images_per_sec": float(ips), **_rank_cpu(result)}
+
+
+STOCK_HOROVOD = {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "0", "HOROVOD_SPIN_WAIT": "1"}
+"""Stock Horovod 0.28.1's behaviour in hvdtrain's build (scripts/patch_horovod.py): its background loop negotiates
+every cycle (fixes 3 off) and horovod.torch waits for a collective by spinning (fix 5 off)."""
 
 
 def _horovod(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
-             timeout: float) -> Dict:
-    """Horovod's own example loop, as stock Horovod runs it (HOROVOD_IDLE_WAIT=0: its background loop polls)."""
+             timeout: float, loop: str = "horovod-mxnet") -> Dict:
+    """Horovod's own example loop (``horovod-mxnet`` or ``horovod-torch``), as stock Horovod runs it."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         result = os.path.join(out, "result.json")
-        cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.loops", "horovod-mxnet", "--recipe", "mnist", "--steps",
+        cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.loops", loop, "--recipe", "mnist", "--steps",
                                    str(steps), "--warmup", str(warmup), "--batch-size", str(batch_size), "--threads",
                                    "1", "--result", result, "--", *recipe_args])
-        ips = run_worker(cmd, result, timeout, f"horovod on {n} host(s)",
-                         {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "0"})["images_per_sec"]
-        return {"images_per_sec": float(ips), "worker_cpu_per_step": _rank_cpu(result)}
+        ips = run_worker(cmd, result, timeout, f"{loop} on {n} host(s)", STOCK_HOROVOD)["images_per_sec"]
+        return {"images_per_sec": float(ips), **_rank_cpu(result)}
+
+
+def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
+         timeout: float, bucket_cap_mb: Optional[float] = None) -> Dict:
+    """PyTorch DDP as its documentation runs it on several machines: ``torchrun --nnodes n --node-rank i
+    --master-addr host0`` on every host (inside its namespace and quota), c10d's Gloo backend on the hosts' eth0,
+    the same model, batch and loop as Horovod's (``hvdtrain.bench.loops ddp-torch``); ``bucket_cap_mb``: DDP's
+    gradient bucket size (None: its default, 25 MB)."""
+    from .runner import free_port
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    port = str(free_port())
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        result = os.path.join(out, "result.json")
+        loop = ["-m", "hvdtrain.bench.loops", "ddp-torch", "--recipe", "mnist", "--steps", str(steps), "--warmup",
+                str(warmup), "--batch-size", str(batch_size), "--threads", "1", "--result", result]
+        if bucket_cap_mb is not None:
+            loop += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
+        env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
+        procs = []
+        try:
+            for i in range(n):
+                cmd = [*cluster.prefix(i), torchrun, "--nnodes", str(n), "--nproc-per-node", "1", "--node-rank",
+                       str(i), "--master-addr", cluster.addresses[0], "--master-port", port, *loop, "--",
+                       *recipe_args]
+                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                              start_new_session=True, env=env))
+            deadline = time.monotonic() + timeout
+            outputs = []
+            for i, proc in enumerate(procs):
+                try:
+                    outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"bench: ddp on {n} host(s) did not finish within {timeout:.0f}s") from None
+                if proc.returncode != 0:
+                    lines = outputs[-1].strip().splitlines()
+                    raise RuntimeError(f"bench: ddp on {n} host(s) failed on host{i} (exit {proc.returncode}): "
+                                       + " | ".join(lines[-3:]))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+        with open(result) as f:
+            ips = json.load(f)["images_per_sec"]
+        return {"images_per_sec": float(ips), **_rank_cpu(result)}
 
 
 def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[str], timeout: float,
-              extra: Sequence[str] = (), framework: str = "mxnet") -> Dict:
-    """hvdtrain itself (``recipe mnist --synthetic`` on ``framework``, its own Horovod settings): 2 epochs of 64
-    steps, the first the warm-up, the img/s of the second."""
+              extra: Sequence[str] = (), framework: str = "mxnet", env: Optional[Dict[str, str]] = None) -> Dict:
+    """hvdtrain itself (``recipe mnist --synthetic`` on ``framework``, its own Horovod settings unless ``env`` sets
+    them): 2 epochs of 64 steps, the first the warm-up, the img/s of the second."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         cmd = _launch(cluster, n, ["-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--synthetic",
                                    "--epochs", "2", "--warmup-epochs", "0", "--batch-size", str(batch_size),
                                    "--threads", "1", "--precision", "fp32", "--resume", "never", "--output-dir", out,
                                    *recipe_args, *extra])
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1"))
+                              env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
         metrics = os.path.join(out, "metrics.jsonl")
         if proc.returncode != 0 or not os.path.exists(metrics):
             lines = (proc.stdout + proc.stderr).strip().splitlines()
@@ -256,7 +296,8 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
                                + " | ".join(lines[-3:]))
         with open(metrics) as f:
             last = json.loads(f.readlines()[-1])
-        return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"]}
+        return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
+                "thread_cpu_per_step": last.get("thread_cpu_per_step", {})}
 
 
 FRONTENDS = {"mxnet": ("mxnet", {}), "torch": ("torch", {"HOROVOD_SPIN_WAIT": "0"}),
@@ -376,41 +417,82 @@ def gradient_bytes(hidden: int) -> int:
 
 
 ARMS = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
-"""horovod: Horovod's example loop, stock settings; hvdtrain: the recipe under hvdtrain; hvdtrain sharded: with
---shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync) with one server on host0 or one on every host.
-With --frameworks mxnet,torch one more: ``hvdtrain torch``, the recipe on PyTorch, against its own run on one host."""
+"""The MXNet arms: horovod: Horovod's example loop, stock settings; hvdtrain: the recipe under hvdtrain; hvdtrain
+sharded: with --shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync) with one server on host0 or one on
+every host. Their scaling efficiency is taken against one baseline, the Gluon loop alone on one host."""
 TORCH_ARM = "hvdtrain torch"
+DDP_TUNED_BUCKET_MB = 1.0
+"""The tuned DDP arm's bucket size. The 6.5 MB of gradients fit one default 25 MB bucket, which DDP sends only when
+the whole backward pass is done; 1 MB buckets start sending while it runs."""
+ARM_GROUPS = {
+    "mxnet": ARMS,
+    "hvdtrain-mxnet": ("hvdtrain",),
+    "torch": (TORCH_ARM,),
+    "torch-spin": (f"{TORCH_ARM} spin",),
+    "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
+    "horovod-torch": ("horovod torch",),
+}
+"""What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (and with horovod.torch's
+spinning wait, what every rank of this benchmark used before its hosts showed their quota), PyTorch DDP under
+torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
+PyTorch arms' efficiency is each against its own run on one host."""
+
+
+def parse_arms(text: str) -> Tuple[str, ...]:
+    """The arms ``--frameworks`` names (comma-separated groups of :data:`ARM_GROUPS`), in order, each once; a
+    ConfigError naming the bad group otherwise."""
+    groups = [g.strip() for g in text.split(",") if g.strip()]
+    bad = [g for g in groups if g not in ARM_GROUPS]
+    if bad or not groups:
+        raise ConfigError(f"--frameworks {text!r}: {'unknown ' + ', '.join(bad) if bad else 'none given'}; choose "
+                          f"from {', '.join(ARM_GROUPS)} (comma-separated)")
+    arms: List[str] = []
+    for g in groups:
+        arms += [a for a in ARM_GROUPS[g] if a not in arms]
+    return tuple(arms)
+
+
+def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
+         timeout: float):
+    """A zero-argument run of arm ``name`` on ``n`` hosts."""
+    common = (cluster, n, steps, warmup, batch_size, recipe_args, timeout)
+    runs = {
+        "horovod": lambda: _horovod(*common),
+        "hvdtrain": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout),
+        "hvdtrain sharded": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, ["--shard-optimizer"]),
+        "ps 1 server": lambda: _ps(cluster, n, 1, steps, warmup, batch_size, recipe_args, timeout),
+        "ps server per host": lambda: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args, timeout),
+        TORCH_ARM: lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch"),
+        f"{TORCH_ARM} spin": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+                                               env={"HOROVOD_SPIN_WAIT": "1"}),
+        "ddp": lambda: _ddp(*common),
+        f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
+        "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),
+    }
+    return runs[name]
 
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
             timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
-            frameworks: Sequence[str] = ("mxnet",)) -> Dict:
+            arms: Sequence[str] = ARMS) -> Dict:
     recipe_args = ["--hidden", str(hidden)]
-    torch = "torch" in frameworks
-    arms = ARMS + ((TORCH_ARM,) if torch else ())
+    arms = tuple(arms)
+    own_base = [a for a in arms if a not in ARMS]  # the PyTorch arms: their own run on one host
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
-        variants = {"single worker": lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)}
-        if torch:
-            variants[f"{TORCH_ARM} n=1"] = lambda: _hvdtrain(cluster, 1, batch_size, recipe_args, timeout,
-                                                             framework="torch")
+        variants = {}
+        if set(arms) & set(ARMS):
+            variants["single worker"] = lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)
+        for arm in own_base:
+            variants[f"{arm} n=1"] = _arm(arm, cluster, 1, steps, warmup, batch_size, recipe_args, timeout)
         for n in hosts:
-            variants.update({
-                f"horovod n={n}": lambda n=n: _horovod(cluster, n, steps, warmup, batch_size, recipe_args, timeout),
-                f"hvdtrain n={n}": lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout),
-                f"hvdtrain sharded n={n}": lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout,
-                                                                 ["--shard-optimizer"]),
-                f"ps 1 server n={n}": lambda n=n: _ps(cluster, n, 1, steps, warmup, batch_size, recipe_args, timeout),
-                f"ps server per host n={n}": lambda n=n: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args,
-                                                             timeout)})
-            if torch:
-                variants[f"{TORCH_ARM} n={n}"] = lambda n=n: _hvdtrain(cluster, n, batch_size, recipe_args, timeout,
-                                                                       framework="torch")
+            for arm in arms:
+                variants[f"{arm} n={n}"] = _arm(arm, cluster, n, steps, warmup, batch_size, recipe_args, timeout)
         res = compare(variants, rounds)
         collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
     ips = {k: v["images_per_sec"] for k, v in res.items()}
-    # One baseline for every MXNet arm: the Gluon loop alone, no Horovod, no kvstore; PyTorch's: its own one host.
-    bases = {arm: ips[f"{TORCH_ARM} n=1"] if arm == TORCH_ARM else ips["single worker"] for arm in arms}
-    base = bases["horovod"]
+    # One baseline for every MXNet arm: the Gluon loop alone, no Horovod, no kvstore; a PyTorch arm's: its own host.
+    bases = {arm: ips[f"{arm} n=1"] if arm in own_base else ips["single worker"] for arm in arms}
+    base = bases[arms[0]]
     rows = [{"hosts": 1, **{arm: {"images_per_sec": bases[arm], "efficiency": 1.0} for arm in arms}}]
     for n in hosts:
         rows.append({"hosts": n, **{arm: {"images_per_sec": ips[f"{arm} n={n}"],
@@ -423,6 +505,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
             "cpu_quota_period_us": QUOTA_PERIOD_US if cpu_quota else None,
             "compute_seconds_per_step": batch_size / base,
+            "base_arm": arms[0],
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
@@ -452,21 +535,25 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     (fitted to collectives on other host counts), one worker's compute from this run's single-worker arm, when each
     gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.project.measure`)."""
     from .costmodel import Link, horovod_step, ps_step
-    from .project import measure
+    from .profile import measure
     link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
     batch = result["batch_size"]
     profile = measure("mnist", batch_size=batch, hidden=result["hidden"])
     one = result["rows"][0]
-    compute = profile.scaled(batch / one["horovod"]["images_per_sec"])  # the single worker's step
+    mxnet = [a for a in ARMS if a in one]
+    compute = profile.scaled(batch / one[mxnet[0]]["images_per_sec"]) if mxnet else None  # the single worker's step
     torch = profile.scaled(batch / one[TORCH_ARM]["images_per_sec"]) if TORCH_ARM in one else None
     rows = []
     for row in result["rows"][1:]:
         n = row["hosts"]
-        model = {"hvdtrain": horovod_step(compute, n, 1, link), "ps 1 server": ps_step(compute, n, 1, 1, link),
-                 "ps server per host": ps_step(compute, n, 1, n, link)}
-        if torch is not None:
-            model[TORCH_ARM] = horovod_step(torch, n, 1, link)
-        for arm, res in model.items():
+        model = {"hvdtrain": lambda: horovod_step(compute, n, 1, link),
+                 "ps 1 server": lambda: ps_step(compute, n, 1, 1, link),
+                 "ps server per host": lambda: ps_step(compute, n, 1, n, link),
+                 TORCH_ARM: lambda: horovod_step(torch, n, 1, link)}
+        for arm, step in model.items():
+            if arm not in row:
+                continue
+            res = step()
             single = torch if arm == TORCH_ARM else compute
             measured = result["variants"][f"{arm} n={n}"]["images_per_sec"]
             predicted = n * batch / res["seconds"]
@@ -544,11 +631,9 @@ def run(args) -> int:
         print(f"bench: wrote {path}")
         return 0
     calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
-    frameworks = [f for f in args.frameworks.split(",") if f]
-    if not frameworks or set(frameworks) - {"mxnet", "torch"} or "mxnet" not in frameworks:
-        raise ConfigError(f"--frameworks {args.frameworks!r}: mxnet, or mxnet,torch")
+    arms = parse_arms(args.frameworks)
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
-                     burst=args.burst, cpu_quota=args.cpu_quota, frameworks=frameworks)
+                     burst=args.burst, cpu_quota=args.cpu_quota, arms=arms)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])
@@ -587,7 +672,10 @@ def add_parser(sub) -> None:
                         "interleaved over --rounds: mxnet, torch (hvdtrain's blocking wait), torch-spin "
                         "(horovod.torch 0.28.1's spinning wait)")
     p.add_argument("--frameworks", default="mxnet",
-                   help="mxnet (the five arms), or mxnet,torch: also hvdtrain on PyTorch against its own one host")
+                   help="the arms, comma-separated: mxnet (its five arms), hvdtrain-mxnet (hvdtrain on MXNet alone), "
+                        "torch (hvdtrain on PyTorch), torch-spin (the same with horovod.torch's spinning wait), "
+                        "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
+                        "horovod-torch (Horovod's PyTorch example, stock settings)")
     p.add_argument("--predict-from", default="",
                    help="a collectives.json of --collectives-only at the same --rate and --cpu-quota (fitted on "
                         "other host counts): print the cost model's step time beside each measured one "

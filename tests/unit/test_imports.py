@@ -94,3 +94,44 @@ def test_an_mxnet_run_leaves_scikit_learn_unimported(tmp_path):
             "print('sklearn' in sys.modules)\n")
     out = run_py(code)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "False", out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def _relative_imports(package: str):
+    """{module: the modules of ``package`` it imports}, read from the source (imports inside functions too)."""
+    import ast
+    import os
+    base = os.path.join(ROOT, *package.split("."))
+    graph = {}
+    for name in sorted(os.listdir(base)):
+        if not name.endswith(".py"):
+            continue
+        mod = name[:-3]
+        tree = ast.parse(open(os.path.join(base, name)).read())
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    found.add(node.module.split(".")[0])
+                else:
+                    found.update(a.name for a in node.names)
+        graph[mod] = found & {n[:-3] for n in os.listdir(base) if n.endswith(".py")}
+    return graph
+
+
+def test_the_benchmarks_import_no_circle():
+    """bench/network.py and bench/project.py imported each other; what both need (tc rates, the model's step profile)
+    lives below both now. No module of hvdtrain.bench reaches itself through its imports."""
+    graph = _relative_imports("hvdtrain.bench")
+
+    def reaches(start, node, seen):
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                if reaches(start, nxt, seen):
+                    return True
+        return False
+
+    circles = [m for m in graph if reaches(m, m, set())]
+    assert not circles, {m: graph[m] for m in circles}
