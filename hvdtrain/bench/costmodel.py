@@ -116,6 +116,50 @@ def fit_link(samples: Sequence[Tuple[str, float, int, float]]) -> Dict[str, floa
             "max_relative_error": float(np.max(np.abs(predicted - t) / t))}
 
 
+@dataclass(frozen=True)
+class HostCpu:
+    """A host whose CPU carries both the compute and the collectives (no GPU, no offload): ``cores`` (its quota), the
+    CPU seconds of one rank's step without communication (``compute``), and the CPU seconds of one allreduce of the
+    step's gradients as ``per_message * (p-1) + per_pass * (p-1)/p`` on ``p`` ranks (fitted by :func:`fit_cpu` to
+    collectives timed alone: Horovod's background thread, Gloo's copies and reduction, TCP). A step cannot take less
+    than all of that CPU at the quota's rate."""
+    cores: float
+    compute: float
+    per_message: float
+    per_pass: float
+
+    def allreduce(self, ranks: int) -> float:
+        return self.per_message * (ranks - 1) + self.per_pass * (ranks - 1) / ranks if ranks > 1 else 0.0
+
+    def step(self, ranks: int, per_host: int = 1) -> float:
+        """The least step time the host's CPU allows: its ranks' compute and collectives CPU over its cores."""
+        return per_host * (self.compute + self.allreduce(ranks)) / self.cores
+
+
+def fit_cpu(cpu_per_allreduce: Dict[int, float]) -> Tuple[float, float]:
+    """(per_message, per_pass) of :class:`HostCpu` from one allreduce's CPU seconds at several rank counts, by
+    non-negative least squares on relative error (one count alone: all of it per pass)."""
+    import numpy as np
+    ranks = sorted(int(p) for p in cpu_per_allreduce if int(p) > 1)
+    if not ranks:
+        raise ValueError("fit_cpu: give the CPU of an allreduce on 2 ranks or more")
+    t = np.array([cpu_per_allreduce[p] if p in cpu_per_allreduce else cpu_per_allreduce[str(p)] for p in ranks])
+    a = np.array([[p - 1, (p - 1) / p] for p in ranks], dtype=np.float64) / t[:, None]
+    best = None
+    for cols in ([0, 1], [0], [1]):  # every subset of the two, the best non-negative fit
+        if len(ranks) < len(cols):
+            continue
+        sol, *_ = np.linalg.lstsq(a[:, cols], np.ones(len(ranks)), rcond=None)
+        if (sol < 0).any():
+            continue
+        coef = np.zeros(2)
+        coef[cols] = sol
+        err = float(np.abs(a @ coef - 1).max())
+        if best is None or err < best[0]:
+            best = (err, coef)
+    return float(best[1][0]), float(best[1][1])
+
+
 def flat_allreduce(nbytes: float, hosts: int, per_host: int, net: Link, local: Optional[Link] = None) -> float:
     """A flat ring over ``hosts x per_host`` ranks ordered by host: every host's link carries the ring's traffic,
     so the network link sets the per-byte cost; each of the ring's steps is a message on the slowest link."""
@@ -193,9 +237,10 @@ class Compute:
 
 def horovod_step(compute: Compute, hosts: int, per_host: int, net: Link, local: Optional[Link] = None,
                  cycle_time: float = 1e-3, threshold: float = 128 * 2 ** 20, hierarchical: bool = False,
-                 overlap: bool = True) -> Dict[str, float]:
+                 overlap: bool = True, cpu: Optional[HostCpu] = None) -> Dict[str, float]:
     """Seconds of one step with Horovod's allreduce on ``hosts`` hosts of ``per_host`` ranks; with ``overlap``
-    False every allreduce waits for the end of the backward pass."""
+    False every allreduce waits for the end of the backward pass. ``cpu``: the host's CPU is shared by the compute
+    and the collectives, and the step is at least what that CPU allows (``cpu_bound`` says which limit set it)."""
     local = local or net
 
     def cost(nbytes: float) -> float:
@@ -210,8 +255,11 @@ def horovod_step(compute: Compute, hosts: int, per_host: int, net: Link, local: 
         done, sizes = fuse(grads, cycle_time, threshold, cost)
     comm_total = sum(cost(s) for s in sizes)
     step = compute.forward + max(compute.backward, done) + compute.update
+    links = step
+    if cpu is not None:
+        step = max(step, cpu.step(hosts * per_host, per_host))
     return {"seconds": step, "exposed_communication": step - compute.seconds, "communication": comm_total,
-            "messages": len(sizes)}
+            "messages": len(sizes), "links_seconds": links, "cpu_bound": step > links}
 
 
 def ps_step(compute: Compute, hosts: int, per_host: int, servers: int, net: Link, colocated: bool = True,

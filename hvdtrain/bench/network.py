@@ -527,14 +527,29 @@ def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
         raise ConfigError(f"--predict-from {path}: calibrated at {data['rate']} and "
                           f"{data.get('cpu_quota_cores') or 0:g} cores per host, not {rate} and {cpu_quota:g}; "
                           f"calibrate at the same --rate and --cpu-quota")
-    return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"])}
+    cpu = {int(n): ops["allreduce"] for n, ops in (data.get("collectives_cpu_seconds") or {}).items()}
+    return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"]),
+            "allreduce_cpu_seconds": cpu}
+
+
+def _median_worker_cpu(variant: Dict) -> Optional[float]:
+    """The median over rounds of a variant's mean worker CPU seconds per step (None where not recorded)."""
+    per_round = [statistics.mean(r["worker_cpu_per_step"]) for r in variant.get("rounds", [])
+                 if r.get("worker_cpu_per_step")]
+    return statistics.median(per_round) if per_round else None
 
 
 def predict(result: Dict, calibration: Dict) -> List[Dict]:
     """The cost model's step time and img/s for each measured arm and host count: the links from ``calibration``
     (fitted to collectives on other host counts), one worker's compute from this run's single-worker arm, when each
-    gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.project.measure`)."""
-    from .costmodel import Link, horovod_step, ps_step
+    gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.profile.measure`).
+
+    Under a CPU quota the hvdtrain arms are predicted twice: with the links alone (``links_only_*``), and with the
+    host's CPU shared by the compute and the collectives (:class:`hvdtrain.bench.costmodel.HostCpu`: the one worker's
+    measured CPU per step, and an allreduce's CPU fitted to the calibration's collectives, timed alone on other host
+    counts), the step being the longer of the two; ``predicted_*`` and ``error`` are the latter's. The parameter
+    server arms keep the links alone (their servers' CPU is not modelled)."""
+    from .costmodel import HostCpu, Link, fit_cpu, horovod_step, ps_step
     from .profile import measure
     link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
     batch = result["batch_size"]
@@ -543,33 +558,44 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     mxnet = [a for a in ARMS if a in one]
     compute = profile.scaled(batch / one[mxnet[0]]["images_per_sec"]) if mxnet else None  # the single worker's step
     torch = profile.scaled(batch / one[TORCH_ARM]["images_per_sec"]) if TORCH_ARM in one else None
+    cores, cpu_fit = float(result.get("cpu_quota_cores") or 0), calibration.get("allreduce_cpu_seconds")
+    host_cpu = {}
+    if cores and cpu_fit:
+        per_message, per_pass = fit_cpu(cpu_fit)
+        for arm, variant in (("hvdtrain", "single worker"), (TORCH_ARM, f"{TORCH_ARM} n=1")):
+            alone = _median_worker_cpu(result["variants"].get(variant, {}))
+            if alone is not None:
+                host_cpu[arm] = HostCpu(cores, alone, per_message, per_pass)
     rows = []
     for row in result["rows"][1:]:
         n = row["hosts"]
-        model = {"hvdtrain": lambda: horovod_step(compute, n, 1, link),
-                 "ps 1 server": lambda: ps_step(compute, n, 1, 1, link),
-                 "ps server per host": lambda: ps_step(compute, n, 1, n, link),
-                 TORCH_ARM: lambda: horovod_step(torch, n, 1, link)}
+        model = {"hvdtrain": lambda cpu=None: horovod_step(compute, n, 1, link, cpu=cpu),
+                 "ps 1 server": lambda cpu=None: ps_step(compute, n, 1, 1, link),
+                 "ps server per host": lambda cpu=None: ps_step(compute, n, 1, n, link),
+                 TORCH_ARM: lambda cpu=None: horovod_step(torch, n, 1, link, cpu=cpu)}
         for arm, step in model.items():
             if arm not in row:
                 continue
-            res = step()
+            links, res = step(), step(host_cpu.get(arm))
             single = torch if arm == TORCH_ARM else compute
             measured = result["variants"][f"{arm} n={n}"]["images_per_sec"]
-            predicted = n * batch / res["seconds"]
+            predicted, links_only = n * batch / res["seconds"], n * batch / links["seconds"]
             rows.append({"hosts": n, "arm": arm, "predicted_images_per_sec": predicted,
                          "measured_images_per_sec": measured, "error": predicted / measured - 1,
                          "predicted_efficiency": single.seconds / res["seconds"],
                          "measured_efficiency": row[arm]["efficiency"],
-                         "calibrated_on_hosts": calibration["hosts"]})
+                         "links_only_images_per_sec": links_only, "links_only_error": links_only / measured - 1,
+                         "cpu_bound": bool(res.get("cpu_bound")), "calibrated_on_hosts": calibration["hosts"]})
     return rows
 
 
 def _print_prediction(rows: List[Dict]) -> None:
     for r in rows:
+        cpu = (f"; the links alone {r['links_only_images_per_sec']:.1f} ({100 * r['links_only_error']:+.0f}%)"
+               + (", the host's CPU the bound" if r["cpu_bound"] else "")) if "links_only_error" in r else ""
         print(f"{r['hosts']} host(s), {r['arm']}: predicted {r['predicted_images_per_sec']:.1f} img/s "
               f"({100 * r['predicted_efficiency']:.0f}%), measured {r['measured_images_per_sec']:.1f} "
-              f"({100 * r['measured_efficiency']:.0f}%): {100 * r['error']:+.0f}%", flush=True)
+              f"({100 * r['measured_efficiency']:.0f}%): {100 * r['error']:+.0f}%{cpu}", flush=True)
 
 
 def plot(result: Dict, path: str) -> None:

@@ -139,6 +139,36 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
         read_calibration(str(path), "500mbit", 0.4)
 
 
+def test_a_network_run_under_a_quota_is_predicted_with_the_hosts_cpu_shared(tmp_path):
+    """The calibration's CPU per allreduce (at 2-4 hosts) and the one worker's CPU per step bound the predicted step
+    at 6 hosts of 0.25 cores; the links-only prediction is kept beside it, and the parameter server keeps the links."""
+    from hvdtrain.bench.network import predict, read_calibration
+    cal = {"alpha": 1e-3, "beta": 8 / 200e6, "gamma": 1e-9}
+    path = tmp_path / "collectives.json"
+    cpu = {"2": {"allreduce": 0.06}, "3": {"allreduce": 0.09}, "4": {"allreduce": 0.11}}
+    path.write_text(json.dumps({"rate": "200mbit", "cpu_quota_cores": 0.25, "calibration": cal,
+                                "collectives_seconds": {n: {} for n in cpu}, "collectives_cpu_seconds": cpu}))
+    calibration = read_calibration(str(path), "200mbit", 0.25)
+    assert calibration["allreduce_cpu_seconds"] == {2: 0.06, 3: 0.09, 4: 0.11}
+    arms = ("hvdtrain", "ps 1 server", "hvdtrain torch")
+    worker = {"single worker": 0.033, "hvdtrain torch n=1": 0.040}
+    result = {"batch_size": 32, "hidden": 64, "cpu_quota_cores": 0.25,
+              "rows": [{"hosts": 1, **{a: {"images_per_sec": 240.0, "efficiency": 1.0} for a in arms}},
+                       {"hosts": 6, **{a: {"images_per_sec": 300.0, "efficiency": 0.2} for a in arms}}],
+              "variants": {**{f"{a} n=6": {"images_per_sec": 300.0} for a in arms},
+                           **{k: {"rounds": [{"worker_cpu_per_step": [v]}]} for k, v in worker.items()}}}
+    rows = {r["arm"]: r for r in predict(result, calibration)}
+    for arm, alone in (("hvdtrain", 0.033), ("hvdtrain torch", 0.040)):
+        r = rows[arm]
+        assert r["cpu_bound"], r
+        step = (alone + 0.013442 * 5 + 0.093557 * 5 / 6) / 0.25  # the fitted allreduce CPU at 6, over the quota
+        assert r["predicted_images_per_sec"] == pytest.approx(6 * 32 / step, rel=0.01)
+        assert r["predicted_images_per_sec"] < r["links_only_images_per_sec"]
+        assert r["links_only_error"] == pytest.approx(r["links_only_images_per_sec"] / 300.0 - 1)
+    ps = rows["ps 1 server"]
+    assert not ps["cpu_bound"] and ps["predicted_images_per_sec"] == ps["links_only_images_per_sec"]
+
+
 def test_project_writes_its_table_json_and_chart(tmp_path):
     # The whole command on the MNIST recipe's network: its gradients measured here, projected to 1 and 4 hosts.
     result = run(hvdtrain("bench", "project", "--model", "mnist", "--img-per-sec-per-gpu", "2000", "--batch-size",
@@ -153,3 +183,29 @@ def test_project_writes_its_table_json_and_chart(tmp_path):
     assert four["ps 1 server"]["efficiency"] < four["ps server per host"]["efficiency"]
     assert (tmp_path / "project.png").read_bytes()[:4] == b"\x89PNG"
     assert "hosts  ranks" in result.stdout, describe(result)
+
+
+def test_a_hosts_cpu_bounds_the_step_when_compute_and_collectives_share_it():
+    """Issue 45's CPU term: with 0.25 cores per host, a step cannot take less than the compute's CPU plus the
+    allreduce's CPU at the quota's rate; with whole cores it changes nothing."""
+    per_message, per_pass = cm.fit_cpu({2: 0.060, 3: 0.090, 4: 0.110})
+    assert per_message >= 0 and per_pass >= 0
+    for p, cpu in ((2, 0.060), (3, 0.090), (4, 0.110)):  # the fit reproduces what it saw
+        assert cm.HostCpu(1, 0, per_message, per_pass).allreduce(p) == pytest.approx(cpu, rel=0.05)
+    assert cm.HostCpu(1, 0, per_message, per_pass).allreduce(1) == 0.0
+    compute = cm.Compute(0.04, 0.08, 0.01, [(6.5e6, 0.5)])
+    quota = cm.HostCpu(0.25, 0.033, per_message, per_pass)
+    links = cm.horovod_step(compute, 8, 1, LINK)
+    shared = cm.horovod_step(compute, 8, 1, LINK, cpu=quota)
+    assert shared["cpu_bound"] and shared["seconds"] == pytest.approx(quota.step(8))
+    assert quota.step(8) > links["seconds"]
+    assert shared["links_seconds"] == pytest.approx(links["seconds"])
+    roomy = cm.horovod_step(compute, 8, 1, LINK, cpu=cm.HostCpu(64, 0.033, per_message, per_pass))
+    assert not roomy["cpu_bound"] and roomy["seconds"] == pytest.approx(links["seconds"])
+    # two ranks on one host share its cores
+    assert quota.step(8, per_host=2) == pytest.approx(2 * quota.step(8))
+    # one rank count alone still fits (all of it per message or per pass: the same at that count)
+    one = cm.HostCpu(1, 0, *cm.fit_cpu({"2": 0.06}))
+    assert one.allreduce(2) == pytest.approx(0.06)
+    with pytest.raises(ValueError):
+        cm.fit_cpu({1: 0.0})
