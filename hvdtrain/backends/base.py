@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import precision as precisions
 from ..phases import PhaseTimer
-from .resources import (cgroup_cpu_quota, decode_cores, encode_cores, host_key, own_cores, slurm_cpus_per_task,
-                        thread_budget)
+from .resources import (cgroup_cpu_quota, cgroup_key, decode_cores, encode_cores, host_key, own_cores,
+                        slurm_cpus_per_task, thread_budget)
 
 
 class Task:
@@ -193,7 +193,7 @@ class Backend(abc.ABC):
         if requested > 0:
             return thread_budget(frozenset(), [], requested)
         mine, quota = own_cores(), cgroup_cpu_quota()
-        group = float(zlib.crc32(quota[1].encode())) if quota else -1.0  # ranks under one quota share it
+        group = cgroup_key(quota[1]) if quota else -1.0  # ranks under one quota (one cgroup) share it
         rows = self.allgather_floats([host_key(), group] + encode_cores(mine))
         host = [row for row in rows if row[0] == rows[self.rank][0]]
         here = [decode_cores(row[2:]) for row in host]

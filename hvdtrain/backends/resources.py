@@ -167,6 +167,18 @@ MAX_CORES_COMPARED = 1024
 """Cores beyond this index are not compared between ranks (they still count for the rank's own threads)."""
 
 
+def cgroup_key(where: str) -> float:
+    """A number naming the cgroup whose quota was read at ``where`` (its file), exact in a float64: the CRC-32 of
+    the path, the file system and the cgroup directory's inode. Ranks in separate containers on one host read the same
+    path (each its own /sys/fs/cgroup/cpu.max) of different cgroups: the inode tells them apart."""
+    try:
+        st = os.stat(os.path.dirname(where))
+        ident = f"{where}:{st.st_dev}:{st.st_ino}"
+    except OSError:
+        ident = where
+    return float(zlib.crc32(ident.encode()))
+
+
 def host_key() -> float:
     """A number naming this host, exact in a float64: the CRC-32 of its hostname and IPv4 addresses. The addresses
     tell apart hosts that share a hostname (containers, network namespaces standing in for hosts)."""
@@ -215,14 +227,20 @@ def horovod_environment(cfg) -> None:
         os.environ.setdefault("HOROVOD_AUTOTUNE_LOG", os.path.abspath(os.path.join(cfg.output_dir, "autotune.csv")))
 
 
-def spin_wait(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT) -> str:
+def spin_wait(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT, ranks: int = 0) -> str:
     """How horovod.torch waits for a collective (hvdtrain's Horovod, scripts/patch_horovod.py fix 5), as
-    ``HOROVOD_SPIN_WAIT``: "0" (block until the op completes) under a cgroup CPU quota, where every cycle the waiting
-    thread spins is taken from the quota Horovod's own thread needs to move the bytes (an allreduce 1.6x slower at 0.4
-    cores per host); "1" (0.28.1's spinning wait) where the rank's cores are its own, as measured faster there (2
-    ranks on 2 cores: 1,861 against 1,591 img/s, the wake-up of a blocked thread costing more than the spin; docs/
-    benchmarks.md). A user's HOROVOD_SPIN_WAIT wins."""
-    return "0" if cgroup_cpu_quota(proc_cgroup, root) is not None else "1"
+    ``HOROVOD_SPIN_WAIT``: "0" (block until the op completes) under a cgroup CPU quota of less than a core per rank
+    on the host (``ranks``; 0: as the launcher declared them), where every cycle the waiting thread spins is taken
+    from the quota Horovod's own thread needs to move the bytes (an allreduce 1.6x slower at 0.4 cores per host; the
+    whole step 2x slower at 0.25, docs/benchmarks.md); "1" (0.28.1's spinning wait) where each rank has a core of its
+    own, quota or not, as measured faster there (2 ranks on 2 cores: 1,861 against 1,591 img/s, the wake-up of a
+    blocked thread costing more than the spin). Ranks in separate containers on one host each count against their
+    own quota alone, which this cannot tell apart before Horovod starts: they are taken to share it (the blocking
+    wait, the cautious side). A user's HOROVOD_SPIN_WAIT wins."""
+    quota = cgroup_cpu_quota(proc_cgroup, root)
+    if quota is None:
+        return "1"
+    return "0" if quota[0] / max(1, ranks or launcher_local_size()) < 1.0 else "1"
 
 
 def preload_image_codecs() -> None:

@@ -132,4 +132,35 @@ def test_horovod_torch_blocks_while_waiting_under_a_quota_and_spins_on_cores_of_
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     limited = _tree(tmp_path / "a", "0::/ctr\n", {"ctr/cpu.max": "40000 100000\n"})
     free = _tree(tmp_path / "b", "0::/ctr\n", {"ctr/cpu.max": "max 100000\n"})
-    assert spin_wait(*limited) == "0" and spin_wait(*free) == "1"
+    assert spin_wait(*limited, ranks=1) == "0" and spin_wait(*free, ranks=1) == "1"
+
+
+def test_a_quota_of_a_core_or_more_per_rank_keeps_the_spin(tmp_path, monkeypatch):
+    """Issue 47, item 8: the blocking wait only where the quota leaves a rank less than a core; a 64-core quota for
+    2 ranks is cores of their own (where the spin measured faster). The ranks come from the launcher when not given."""
+    from hvdtrain.backends.resources import spin_wait
+    big = _tree(tmp_path, "0::/ctr\n", {"ctr/cpu.max": "6400000 100000\n"})
+    assert spin_wait(*big, ranks=2) == "1"
+    assert spin_wait(*big, ranks=128) == "0"  # half a core each
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "100")
+    assert spin_wait(*big) == "0"
+    monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "8")
+    assert spin_wait(*big) == "1"
+
+
+def test_ranks_in_separate_containers_are_not_grouped_under_one_quota(tmp_path):
+    """Issue 47, item 8: two containers on one host (host networking) each read /sys/fs/cgroup/cpu.max, the same path
+    of two cgroups: the key that groups ranks under one quota tells them apart; one cgroup read twice is one key."""
+    import os
+    from hvdtrain.backends.resources import cgroup_key
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "cpu.max").write_text("100000 100000\n")
+    seen = tmp_path / "cgroup"  # what each container mounts at /sys/fs/cgroup: the same path, another cgroup
+    where = str(seen / "cpu.max")
+    os.symlink(tmp_path / "a", seen)
+    first = cgroup_key(where)
+    assert cgroup_key(where) == first  # one cgroup read twice
+    os.remove(seen)
+    os.symlink(tmp_path / "b", seen)
+    assert cgroup_key(where) != first
