@@ -31,7 +31,7 @@ class Callback:
         """Every ``--log-every`` steps: the running training means (``loss``...), averaged across ranks."""
 
     def on_epoch_end(self, trainer, record: Dict[str, Any]) -> None:
-        """After each epoch's evaluation and checkpoint: its record (a line of metrics.jsonl)."""
+        """After each epoch's evaluation, before its checkpoint: its record (a line of metrics.jsonl)."""
 
     def on_train_end(self, trainer, last: Optional[Dict[str, Any]]) -> None:
         """After the last epoch (or --max-steps, --early-stop): the last record, None when nothing was trained."""

@@ -16,7 +16,7 @@ import json
 import os
 import re
 import zipfile
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -164,6 +164,12 @@ def load(path: str) -> Any:
     return deserialize(read_verified(path), source=path)
 
 
+def read_model(path: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the trainer's metadata, the model's arrays by structural name) of the checkpoint at ``path``."""
+    state = load(path)
+    return state["trainer"], state["backend"]["model"]
+
+
 def list_checkpoints(directory: str) -> List[str]:
     """Checkpoint archives in ``directory``, oldest first (by epoch, then step)."""
     if not os.path.isdir(directory):
@@ -174,6 +180,12 @@ def list_checkpoints(directory: str) -> List[str]:
         if m:
             found.append(((int(m.group(1)), int(m.group(2))), os.path.join(directory, name)))
     return [p for _, p in sorted(found)]
+
+
+def position_of(path: str) -> Optional[Tuple[int, int]]:
+    """(epoch, global step) from a checkpoint's file name; None for another name."""
+    m = _NAME.match(os.path.basename(path))
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def latest_valid(directory: str, warn: Callable[[str], None] = print) -> Optional[str]:
@@ -198,9 +210,15 @@ def clean_temporaries(directory: str) -> List[str]:
     return removed
 
 
+def remove(path: str) -> None:
+    """Delete checkpoint ``path`` (its digest first, so that a crash in between leaves no checkpoint that looks
+    whole)."""
+    for p in (path + ".sha256", path):
+        if os.path.exists(p):
+            os.unlink(p)
+
+
 def prune(directory: str, keep: int) -> None:
     """Delete all but the newest ``keep`` checkpoints (with their digests)."""
     for path in list_checkpoints(directory)[:-keep] if keep > 0 else []:
-        for p in (path + ".sha256", path):
-            if os.path.exists(p):
-                os.unlink(p)
+        remove(path)

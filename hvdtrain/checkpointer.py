@@ -5,12 +5,15 @@ it takes (resume or not, from where; the weights it loaded) reaches the other ra
 
 The format: ``hvdtrain.checkpoint`` files (arrays plus a JSON skeleton, never a pickle) holding::
 
-    {"trainer": {"epoch", "offset", "global_step", "recipe", "framework", "world_size", "config", "monitor"},
+    {"trainer": {"epoch", "offset", "global_step", "train_sums", "train_steps", "recipe", "framework", "world_size",
+                 "config", "monitor"},
      "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...})}
 
 ``epoch`` epochs are complete, plus the first ``offset`` samples of the next one's order (a checkpoint inside an
-epoch); :class:`Position` is that triple with the global step, the one position training, elastic commits and
-checkpoints share.
+epoch); :class:`Position` is that with the global step, the one position training, elastic commits and checkpoints
+share. Inside an epoch it also carries the training metrics' sums over the epoch's steps so far (``train_sums``,
+averaged over the ranks, over ``train_steps`` steps), so that a resumed epoch's train_loss covers the whole epoch as
+an uninterrupted one does.
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -34,19 +37,17 @@ class Position:
     epoch: int = 0
     offset: int = 0
     global_step: int = 0
+    train_sums: Dict[str, float] = field(default_factory=dict)
+    """The epoch's training metrics summed over its first ``train_steps`` steps (each the mean over the ranks)."""
+    train_steps: int = 0
 
-    def as_dict(self) -> Dict[str, int]:
+    def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Position":
-        return cls(int(d["epoch"]), int(d.get("offset", 0)), int(d["global_step"]))
-
-
-def read_model(path: str) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
-    """(the trainer's metadata, the model's arrays by structural name) of the checkpoint at ``path``."""
-    state = checkpoint.load(path)
-    return state["trainer"], state["backend"]["model"]
+        return cls(int(d["epoch"]), int(d.get("offset", 0)), int(d["global_step"]),
+                   {k: float(v) for k, v in (d.get("train_sums") or {}).items()}, int(d.get("train_steps") or 0))
 
 
 class Checkpointer:
@@ -65,7 +66,7 @@ class Checkpointer:
         a parameter is not finite and nothing was written)."""
         self.reporter.progress(at.global_step, "checkpoint")
         state = {"trainer": {"epoch": at.epoch, "offset": at.offset, "global_step": at.global_step,
-                             "recipe": self.recipe, "framework": self.backend.name,
+                             "train_sums": at.train_sums, "train_steps": at.train_steps, "recipe": self.recipe, "framework": self.backend.name,
                              "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),
                              "monitor": self.monitor.state() if self.monitor else None},
                  "backend": self.backend.state_dict()}
@@ -87,15 +88,47 @@ class Checkpointer:
             if path and best:
                 self._keep_as_best(path)
 
-    def _keep_as_best(self, path: str) -> None:
-        """Rank 0: a copy of checkpoint ``path`` (the best epoch by --monitor) as the only one in OUTPUT_DIR/best/."""
+    @property
+    def best_directory(self) -> str:
         from .monitor import BEST_DIR
-        directory = os.path.join(self.cfg.output_dir, BEST_DIR)
+        return os.path.join(self.cfg.output_dir, BEST_DIR)
+
+    def _keep_as_best(self, path: str) -> None:
+        """Rank 0: a copy of checkpoint ``path`` (the best epoch by --monitor) as the only one in OUTPUT_DIR/best/:
+        the copy is written whole (digest last), then every other checkpoint there is removed, whatever its name (a
+        branch's new best may be older by name than the best of the future it abandoned)."""
+        directory = self.best_directory
         os.makedirs(directory, exist_ok=True)
         name = os.path.basename(path)
         checkpoint.atomic_write(os.path.join(directory, name), open(path, "rb").read())
         checkpoint.atomic_write(os.path.join(directory, name + ".sha256"), open(path + ".sha256", "rb").read())
-        checkpoint.prune(directory, 1)
+        for other in checkpoint.list_checkpoints(directory):
+            if os.path.basename(other) != name:
+                checkpoint.remove(other)
+
+    def repair_best(self) -> None:
+        """Rank 0, on resume: OUTPUT_DIR/best/ must hold the checkpoint the monitor's state names as the best
+        (its global step). A crash between writing that checkpoint and copying it to best/ leaves best/ without it
+        (or with an older one): the copy is made now from checkpoints/, where the resumed checkpoint itself is
+        usually that one. Where it was pruned too, a warning says the best epoch's weights are lost."""
+        step = self.monitor.best_step if self.monitor is not None and self.monitor.best is not None else 0
+        if not step:
+            return
+        held = [checkpoint.position_of(p) for p in checkpoint.list_checkpoints(self.best_directory)]
+        if held and held[-1][1] == step:
+            return
+        source = [p for p in checkpoint.list_checkpoints(self.directory) if checkpoint.position_of(p)[1] == step]
+        if source:
+            checkpoint.read_verified(source[-1])
+            self._keep_as_best(source[-1])
+            print(f"hvdtrain: {self.best_directory} did not hold the best epoch's checkpoint (a crash between writing "
+                  f"it and copying it there, or a branch from an older checkpoint): copied {source[-1]}",
+                  file=sys.stderr)
+        else:
+            print(f"hvdtrain: warning: the best epoch's checkpoint ({self.monitor.key} {self.monitor.best:.6g} at "
+                  f"epoch {self.monitor.best_epoch}, step {step}) is in neither {self.best_directory} nor "
+                  f"{self.directory} (--keep-checkpoints pruned it): best/ will hold the next best epoch",
+                  file=sys.stderr)
 
     def epoch_end(self, at: Position, healthy: bool, best: bool = False) -> None:
         """Every rank, after an epoch (complete, or cut short by --max-steps at ``at``): a checkpoint where the
@@ -104,9 +137,10 @@ class Checkpointer:
             self._gather_and_save(at, best)
         self.commit(at, check=False)
 
-    def mid_epoch(self, at: Position, health) -> bool:
+    def mid_epoch(self, at: Position, health, with_sums: Optional[Callable[[], Position]] = None) -> bool:
         """Every rank, after a step inside an epoch: commit (elastic) and checkpoint where due; True when a run may
-        resume at ``at`` (the Trainer then reseeds the framework's generator)."""
+        resume at ``at`` (the Trainer then reseeds the framework's generator). ``with_sums``: ``at`` with the epoch's
+        training sums so far, which costs every rank a collective: called only where a checkpoint is due."""
         cfg, step = self.cfg, at.global_step
         resumable = False
         if cfg.elastic and cfg.commit_every and step % cfg.commit_every == 0:
@@ -116,7 +150,7 @@ class Checkpointer:
             resumable = True
             # Horovod: every rank takes part in the decision, rank 0 writes.
             if health.everywhere(step):
-                self._gather_and_save(at)
+                self._gather_and_save(with_sums() if with_sums is not None else at)
         return resumable
 
     def commit(self, at: Position, check: bool = True) -> None:
@@ -138,6 +172,8 @@ class Checkpointer:
             return Position()
         if self.monitor is not None:
             self.monitor.load(info.get("monitor"))
+            if self.backend.rank == 0:
+                self.repair_best()
         if not self.cfg.elastic:
             # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
             self.backend.broadcast_state()
@@ -157,6 +193,8 @@ class Checkpointer:
                 if cfg.resume == "auto" else cfg.resume)
         if path is None:
             return None
+        if cfg.resume != "auto":
+            self._set_aside_future_of(path)
         try:
             state = checkpoint.load(path)
             meta = state["trainer"]
@@ -168,8 +206,36 @@ class Checkpointer:
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
-        return {**Position(int(meta["epoch"]), int(meta.get("offset", 0)), int(meta["global_step"])).as_dict(),
-                "path": path, "monitor": meta.get("monitor")}
+        return {**Position.from_dict(meta).as_dict(), "path": path, "monitor": meta.get("monitor")}
+
+    def _set_aside_future_of(self, path: str) -> None:
+        """--resume PATH from a checkpoint older than this run's newest: the run branches there. The checkpoints after
+        PATH (and best/ when it holds one of them) belong to the future it abandons; ``--resume auto``, ``eval RUN``
+        and ``--init-from RUN`` would pick them, and pruning would keep them over the branch's own. They move to
+        abandoned-TIMESTAMP/ with a copy of metrics.jsonl (whose later records the branch then drops)."""
+        at = checkpoint.position_of(path)
+        if at is None:
+            return
+        later = [p for p in checkpoint.list_checkpoints(self.directory) if checkpoint.position_of(p)[1] > at[1]
+                 and os.path.abspath(p) != os.path.abspath(path)]
+        best = checkpoint.list_checkpoints(self.best_directory)
+        best_later = bool(best) and checkpoint.position_of(best[-1])[1] > at[1]
+        if not later and not best_later:
+            return
+        target = os.path.join(self.cfg.output_dir, time.strftime("abandoned-%Y%m%d-%H%M%S"))
+        os.makedirs(os.path.join(target, "checkpoints"), exist_ok=True)
+        for p in later:
+            for f in (p, p + ".sha256"):
+                if os.path.exists(f):
+                    os.replace(f, os.path.join(target, "checkpoints", os.path.basename(f)))
+        if best_later:
+            os.replace(self.best_directory, os.path.join(target, os.path.basename(self.best_directory)))
+        metrics = os.path.join(self.cfg.output_dir, "metrics.jsonl")
+        if os.path.exists(metrics):
+            with open(metrics, "rb") as f:
+                checkpoint.atomic_write(os.path.join(target, "metrics.jsonl"), f.read())
+        print(f"hvdtrain: --resume {path} branches at step {at[1]}: {len(later)} later checkpoint(s)"
+              + (" and best/" if best_later else "") + f" moved to {target}", file=sys.stderr)
 
     def _set_aside_previous_run(self) -> None:
         """--resume never in a directory that holds an earlier run: move its checkpoints and metrics to

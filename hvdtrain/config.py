@@ -25,6 +25,16 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def parse_monitor_spec(spec: str) -> Tuple[str, str]:
+    """``--monitor KEY[:min|max]`` as (key, direction or ""); a ConfigError naming the flag for anything else
+    (``val_loss:min:max``, ``val_loss:up``, an empty key)."""
+    key, sep, direction = spec.partition(":")
+    if not key or (sep and direction not in ("min", "max")):
+        raise ConfigError(f"--monitor {spec!r}: give a record key, optionally followed by :min or :max "
+                          f"(e.g. val_loss or val_accuracy:max)")
+    return key, direction
+
+
 @dataclass
 class TrainConfig:
     """Settings shared by every recipe. Batch size and learning rate are per worker; see ``effective_lr``."""
@@ -167,8 +177,8 @@ class TrainConfig:
                               "long the job has waited for an improvement")
         if self.early_stop and not self.monitor:
             raise ConfigError("--early-stop needs --monitor METRIC (e.g. --monitor val_loss): what must improve")
-        if self.monitor and self.monitor.rpartition(":")[2] not in ("min", "max") and ":" in self.monitor:
-            raise ConfigError(f"--monitor {self.monitor}: the direction after ':' must be min or max")
+        if self.monitor:
+            parse_monitor_spec(self.monitor)
         for name in ("eval_batch_size", "max_steps", "num_workers", "log_every", "threads", "checkpoint_every_steps",
                      "max_bad_steps", "commit_every", "early_stop"):
             if getattr(self, name) < 0:

@@ -254,6 +254,8 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch, steps)
         sums: Dict[str, Any] = {}
+        # A resumed epoch: the sums of its steps before the checkpoint (means over the ranks) count towards its record.
+        prior, prior_steps = dict(self.position.train_sums), self.position.train_steps
         done, resumable, lr = 0, True, backend.get_lr()
         start, cpu_start = time.perf_counter(), time.process_time()  # CPU: every thread (loader, Horovod's)
         thread_cpu = ThreadCpu()  # and the same by thread: the training thread, Horovod's, the transport's, ...
@@ -271,13 +273,16 @@ class Trainer:
                 for cb in self.callbacks:
                     cb.on_log(self, self.global_step, logged)
             if done < steps:
-                resumable = self.checkpointer.mid_epoch(self._after(epoch, offset, done), self.health)
+                resumable = self.checkpointer.mid_epoch(
+                    self._after(epoch, offset, done), self.health,
+                    lambda: self._after(epoch, offset, done, backend.allreduce_mean(sums), prior, prior_steps))
             self.phases.end_step()
             self.timeline.after_step(self.global_step)
         train_seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         threads = thread_cpu.stop()
         self.reporter.progress(self.global_step, "metrics")
-        means = {k: v / max(done, 1) for k, v in sums.items()} or {"loss": 0.0}
+        counted = prior_steps + done  # the epoch's steps, in this run and before its resume
+        means = {k: (prior.get(k, 0.0) + v) / max(counted, 1) for k, v in sums.items()} or {"loss": 0.0}
         # Horovod: the training metrics averaged over ranks, and with them whether any rank saw a non-finite loss
         # since the last checkpoint (its gradients were averaged into every rank's weights).
         train = backend.allreduce_mean({**means, "nonfinite": self.health.flag()})
@@ -292,11 +297,17 @@ class Trainer:
                                               self.sample_unit, self.tokens_per_sample),
                   "epoch_seconds": slowest["epoch_seconds"], "lr": lr, "world_size": backend.size,
                   "framework": backend.name, "global_step": self.global_step, **timing}
-        self.position = Position(epoch + 1, 0, self.global_step) if done == steps else self._after(epoch, offset, done)
-        best = self.monitor.observe(record) if self.monitor is not None else False
-        self.checkpointer.epoch_end(self.position, healthy, best)
+        self.position = (Position(epoch + 1, 0, self.global_step) if done == steps else
+                         Position(epoch, offset + done * self.global_batch, self.global_step,
+                                  {k: v * counted for k, v in train.items()}, counted))
+        # Only a complete epoch is judged: one cut short by --max-steps is judged whole by the run that resumes it.
+        best = self.monitor.observe(record) if self.monitor is not None and done == steps else False
+        # The record first, then the checkpoint, which commits the epoch: a kill between the two resumes from the
+        # previous checkpoint, and the record of the epoch trained again replaces this one (metrics.jsonl keeps the
+        # records up to the resumed position). The other order lost the record of an epoch whose checkpoint was kept.
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
+        self.checkpointer.epoch_end(self.position, healthy, best)
         if cfg.elastic:  # after the record is written: a membership change restarts from the commit above
             backend.check_membership()
         return record
@@ -323,9 +334,14 @@ class Trainer:
             cb.on_step_end(self, epoch, i, self.global_step, lr)
         return lr, out
 
-    def _after(self, epoch: int, offset: int, done: int) -> Position:
-        """The position after ``done`` steps of an epoch begun at sample ``offset``."""
-        return Position(epoch, offset + done * self.global_batch, self.global_step)
+    def _after(self, epoch: int, offset: int, done: int, sums: Optional[Dict[str, Any]] = None,
+               prior: Optional[Dict[str, float]] = None, prior_steps: int = 0) -> Position:
+        """The position after ``done`` steps of an epoch begun at sample ``offset``; with ``sums`` (this run's
+        training sums of those steps, averaged over the ranks) added to ``prior`` (the sums before it resumed)."""
+        if sums is None:
+            return Position(epoch, offset + done * self.global_batch, self.global_step)
+        total = {k: (prior or {}).get(k, 0.0) + self.backend.scalar(v) for k, v in sums.items()}
+        return Position(epoch, offset + done * self.global_batch, self.global_step, total, prior_steps + done)
 
     @property
     def global_step(self) -> int:
