@@ -104,7 +104,7 @@ def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
             "input": "float32 N x " + " x ".join(map(str, trainer.input_shape)) + ", preprocessed as below",
             "output": "logits (unnormalised class scores)", "preprocessing": trainer.preprocessing(),
             **files, "source": info.get("path", source), "source_framework": info.get("framework"),
-            "epoch": info.get("epoch"), "metrics": source_metrics(info), "config": json.loads(cfg.to_json()),
+            "epoch": info.get("epoch"), "global_step": info.get("global_step"), "metrics": source_metrics(info), "config": json.loads(cfg.to_json()),
             "sample": {"file": "sample.npz", "inputs": what, "logits_from": ref_framework},
             "max_abs_diff": float(np.abs(logits - reference).max()),
             "logit_scale": float(np.abs(reference).max())}
@@ -114,10 +114,12 @@ def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
 
 
 def source_metrics(info: Dict[str, Any]) -> Dict[str, Any]:
-    """The validation figures the run recorded for the epoch of a checkpoint it wrote ({} when unknown): the
-    task's own metrics travel with the exported model."""
-    path, epoch = info.get("path"), info.get("epoch")
-    if not path or epoch is None:
+    """The validation figures the run recorded for the weights of a checkpoint it wrote ({} when unknown): the
+    task's own metrics travel with the exported model. The record is the one of the checkpoint's global step: a
+    checkpoint inside an epoch (--checkpoint-every-steps, a --max-steps stop) has the figures of its own record where
+    one was written at that step (the stop's), and none otherwise, never the previous epoch's."""
+    path, epoch, step = info.get("path"), info.get("epoch"), info.get("global_step")
+    if not path or (epoch is None and step is None):
         return {}
     records = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))), "metrics.jsonl")
     try:
@@ -125,7 +127,10 @@ def source_metrics(info: Dict[str, Any]) -> Dict[str, Any]:
             rows = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         return {}
-    row = next((r for r in reversed(rows) if r.get("epoch") == epoch), {})
+    if step is not None:
+        row = next((r for r in reversed(rows) if r.get("global_step") == step), {})
+    else:  # a checkpoint of a version that did not say its step: whole epochs only
+        row = next((r for r in reversed(rows) if r.get("epoch") == epoch), {}) if not info.get("offset") else {}
     return {k: v for k, v in row.items() if k.startswith("val_")}
 
 

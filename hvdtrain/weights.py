@@ -195,15 +195,15 @@ def read(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
         raise WeightsError(f"{path} does not exist")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npz":
-        from .checkpointer import read_model  # the checkpoint format's one reader
         try:
-            meta, arrays = read_model(path)
+            meta, arrays = checkpoint.read_model(path)
         except checkpoint.CheckpointError as e:
             raise WeightsError(str(e)) from None
         except (KeyError, TypeError):
             raise WeightsError(f"{path} is an hvdtrain archive without a model") from None
         return dict(arrays), {"framework": meta.get("framework"), "recipe": meta.get("recipe"),
-                              "config": meta.get("config", {}), "epoch": meta.get("epoch"), "path": path}
+                              "config": meta.get("config", {}), "epoch": meta.get("epoch"),
+                              "global_step": meta.get("global_step"), "offset": meta.get("offset", 0), "path": path}
     if ext == ".json":
         import json
         try:
