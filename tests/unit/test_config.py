@@ -112,3 +112,12 @@ def test_imagenet_rate_per_256_images_and_crop_area():
     assert parse_overrides(ImageNetConfig, ["--base-lr", "0.3"]).base_lr == 0.3, "an explicit rate wins"
     with pytest.raises(ConfigError, match="--min-crop-area must be in"):
         parse_overrides(ImageNetConfig, ["--min-crop-area", "0"]).validate()
+
+
+@pytest.mark.parametrize("spec", ["val_loss:min:max", "val_loss:up", ":min", "val_loss:"])
+def test_a_monitor_spec_other_than_key_and_direction_is_refused(spec):
+    """Issue 47, item 7: val_loss:min:max was accepted (as max)."""
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(TrainConfig, ["--monitor", spec]).validate()
+    assert f"--monitor {spec!r}: give a record key, optionally followed by :min or :max" in str(e.value)
+    parse_overrides(TrainConfig, ["--monitor", "val_loss:min"]).validate()
