@@ -98,6 +98,9 @@ def cmd_recipe(argv: List[str]) -> int:
             from .callbacks import format_figures
             print(f"hvdtrain: done: {format_figures(figures)} after epoch {record['epoch']}; metrics in {metrics}",
                   flush=True)
+        elif record is not None and record.get("val_loss") is not None:  # no metrics: the loss alone
+            print(f"hvdtrain: done: val_loss {record['val_loss']:.6g} after epoch {record['epoch']}; metrics in "
+                  f"{metrics}", flush=True)
         else:
             print(f"hvdtrain: done; metrics in {metrics}", flush=True)
     return 0

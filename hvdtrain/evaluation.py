@@ -10,15 +10,48 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .metrics import Metric, Tally
+from .config import ConfigError
+from .metrics import MeanAbsoluteError, MeanSquaredError, Metric, Tally
 
 
 class Evaluator:
     def __init__(self, backend, val_set: Any, val_sampler: Any, metrics: List[Metric], batch_size: int,
-                 num_workers: int = 0):
+                 num_workers: int = 0, default_metrics: bool = False):
+        """``default_metrics``: ``metrics`` are the Trainer's defaults (a classifier's), which :meth:`check` fits to
+        the targets."""
         self.backend, self.val_set, self.val_sampler = backend, val_set, val_sampler
         self.metrics, self.batch_size, self.num_workers = metrics, batch_size, num_workers
-        Tally(metrics)  # distinct names, checked before any training
+        self.default_metrics = default_metrics
+        try:
+            Tally(metrics)  # distinct names, none reserved, checked before any training
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def check(self) -> None:
+        """Before training: the first validation samples (the same on every rank, so every rank decides alike with
+        no collective) through ``eval_step``, the loss and every metric. A metric that cannot read the model's output
+        is a one-line ConfigError naming both shapes. Default metrics fit the target: class indices keep accuracy;
+        other targets get the mean squared and absolute errors where the output matches the target element for
+        element, the loss alone otherwise (accuracy on float targets reported 0.00%)."""
+        if self.val_set is None or len(self.val_set) == 0:
+            return
+        first = range(min(len(self.val_set), self.batch_size))
+        batch = next(iter(self.backend.loader(self.val_set, first, len(first), drop_last=False, num_workers=0)), None)
+        if batch is None:
+            return
+        try:
+            outputs, target, _, _ = self.backend.eval_step(batch)
+        except ValueError as e:
+            raise ConfigError(f"the validation loss: {e} (checked on one validation batch before training)") from None
+        target = np.asarray(target)
+        if self.default_metrics and target.dtype.kind not in "iub":
+            out = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+            fits = isinstance(out, np.ndarray) and out.size == target.size
+            self.metrics = [MeanSquaredError(), MeanAbsoluteError()] if fits else []
+        try:
+            Tally(self.metrics).add(outputs, target)
+        except ValueError as e:
+            raise ConfigError(f"{e} (checked on one validation batch before training)") from None
 
     def goals(self) -> Dict[str, str]:
         """Every record key --monitor may name, with the direction in which it improves."""
@@ -34,12 +67,12 @@ class Evaluator:
         tally = Tally(self.metrics)
         if self.val_set is None:
             return {"val_loss": None, **{k: None for k in tally.values(tally.total)}}, 0
-        loss_sum, count = 0.0, 0
+        loss_sum, weight, count = 0.0, 0.0, 0
         for batch in self.backend.loader(self.val_set, self.val_sampler, self.batch_size, drop_last=False,
                                          num_workers=self.num_workers):
-            outputs, target, batch_loss, n = self.backend.eval_step(batch, outputs=bool(self.metrics))
+            outputs, target, (batch_loss, batch_weight), n = self.backend.eval_step(batch, outputs=bool(self.metrics))
             tally.add(outputs, target)
-            loss_sum, count = loss_sum + batch_loss, count + n
+            loss_sum, weight, count = loss_sum + batch_loss, weight + batch_weight, count + n
         # Horovod: the loss, the sample count and every metric's sums over all ranks, in one allreduce.
-        total = self.backend.allreduce_array(np.concatenate([[loss_sum, count], tally.total]), "eval")
-        return {"val_loss": total[0] / max(total[1], 1.0), **tally.values(total[2:])}, int(total[1])
+        total = self.backend.allreduce_array(np.concatenate([[loss_sum, weight, count], tally.total]), "eval")
+        return {"val_loss": total[0] / max(total[1], 1.0), **tally.values(total[3:])}, int(total[2])

@@ -18,13 +18,27 @@ A user's own metric subclasses :class:`Metric`::
             return sums[0] / max(sums[1], 1)
 
 and lists it in its Trainer's :meth:`~hvdtrain.Trainer.metrics`. Records name it ``val_NAME``.
+
+One padding rule for every metric and the validation loss: a target position equal to :data:`IGNORE_INDEX` (-100,
+PyTorch's ``CrossEntropyLoss`` default) counts nowhere, neither as a hit, a miss, a token of the perplexity nor a
+value of ``val_loss``. So over padded sequences ``val_perplexity == exp(val_loss)`` for a cross-entropy loss.
+
+The class axis of a classifier's output is found from the target's shape: the last axis ((N, C), (N, T, C): Gluon's
+and the recipes' convention) or axis 1 ((N, C, T) with targets (N, T): PyTorch's ``CrossEntropyLoss`` convention for
+sequences); ``class_axis`` says it where both would fit. Outputs that fit neither are a one-line error at the first
+validation batch, which the Trainer runs through the metrics before training starts.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+IGNORE_INDEX = -100
+"""A target position with this value (padding) counts in no metric and not in the validation loss."""
+RESERVED = ("loss",)
+"""Metric names that would replace a record key the Trainer writes itself (``val_loss``)."""
 
 
 class Metric:
@@ -59,15 +73,51 @@ def _logits(outputs: Any) -> np.ndarray:
     return np.asarray(outputs)
 
 
+def class_scores(name: str, outputs: Any, target: Any, class_axis: Optional[int] = None,
+                 ignore_index: int = IGNORE_INDEX) -> Tuple[np.ndarray, np.ndarray]:
+    """(scores as (positions, classes), targets as (positions,)) of a classifier's batch, the padded positions left
+    out; ``class_axis`` None: the last axis or axis 1, whichever the target's shape fits (see the module docstring).
+    A single score per position (N,) or (N, 1) is a binary classifier's logit: (positions, 2) with the logit as
+    class 1's score against 0. A ValueError naming the metric and both shapes where they cannot match."""
+    scores, target = _logits(outputs), np.asarray(target)
+    if target.dtype.kind not in "iub":
+        raise ValueError(f"metric {name}: the target is {target.dtype} (a regression's?), not class indices; list "
+                         f"error metrics (MeanSquaredError(), ...) in the Trainer's metrics() instead")
+    if scores.shape == target.shape or scores.shape == target.shape + (1,):  # one logit per position: binary
+        logit = scores.reshape(target.shape).astype(np.float64)
+        scores, axis = np.stack([np.zeros_like(logit), logit], axis=-1), -1
+    else:
+        axis = class_axis
+        if axis is None:
+            if scores.shape[:-1] == target.shape:
+                axis = -1
+            elif scores.ndim == target.ndim + 1 and scores.shape[:1] + scores.shape[2:] == target.shape:
+                axis = 1
+        fits = axis is not None and scores.ndim == target.ndim + 1 and \
+            np.delete(np.array(scores.shape), axis).tolist() == list(target.shape)
+        if not fits:
+            raise ValueError(f"metric {name}: the model's output {scores.shape} does not fit targets {target.shape}: "
+                             f"give the class scores as (N, C) or (N, ..., C), or (N, C, ...) as PyTorch's "
+                             f"CrossEntropyLoss takes them, for integer targets (N, ...)")
+    flat = np.moveaxis(scores, axis, -1).reshape(-1, scores.shape[axis])
+    target = target.reshape(-1).astype(np.int64)
+    keep = target != ignore_index
+    return flat[keep], target[keep]
+
+
 class Accuracy(Metric):
-    """Share of targets whose class has the largest output (``outputs`` (N, C) or (N, ..., C), integer targets of
-    shape (N,) or (N, ...): every position counts, as for a sequence model)."""
+    """Share of target positions whose class has the largest output: every position counts (as for a sequence
+    model) but padding (:data:`IGNORE_INDEX`); a single logit per position is a binary classifier's (class 1 where
+    it is above 0). ``class_axis``: where the classes are, when the target's shape does not tell."""
 
     name, goal = "accuracy", "max"
 
+    def __init__(self, class_axis: Optional[int] = None, ignore_index: int = IGNORE_INDEX):
+        self.class_axis, self.ignore_index = class_axis, ignore_index
+
     def sums(self, outputs, target):
-        logits, target = _logits(outputs), np.asarray(target)
-        hit = logits.reshape(-1, logits.shape[-1]).argmax(axis=1) == target.reshape(-1)
+        flat, target = class_scores(self.name, outputs, target, self.class_axis, self.ignore_index)
+        hit = flat.argmax(axis=1) == target
         return [float(hit.sum()), float(hit.size)]
 
     def value(self, sums):
@@ -75,17 +125,19 @@ class Accuracy(Metric):
 
 
 class TopK(Metric):
-    """Share of targets among the ``k`` largest outputs (top-5 accuracy with the default)."""
+    """Share of target positions among the ``k`` largest outputs (top-5 accuracy with the default); padding and the
+    class axis as :class:`Accuracy`."""
 
     goal = "max"
 
-    def __init__(self, k: int = 5, name: str = ""):
+    def __init__(self, k: int = 5, name: str = "", class_axis: Optional[int] = None,
+                 ignore_index: int = IGNORE_INDEX):
         self.k = k
         self.name = name or f"top{k}"
+        self.class_axis, self.ignore_index = class_axis, ignore_index
 
     def sums(self, outputs, target):
-        logits, target = _logits(outputs), np.asarray(target)
-        flat = logits.reshape(-1, logits.shape[-1])
+        flat, target = class_scores(self.name, outputs, target, self.class_axis, self.ignore_index)
         k = min(self.k, flat.shape[1])
         top = np.argpartition(-flat, k - 1, axis=1)[:, :k]
         hit = (top == target.reshape(-1, 1)).any(axis=1)
@@ -141,27 +193,27 @@ class RootMeanSquaredError(MeanSquaredError):
 
 
 class Perplexity(Metric):
-    """exp of the mean cross-entropy per target token: ``outputs`` (N, ..., V) unnormalised scores, integer targets
-    (N, ...). Computed from the summed token log-likelihood, not as a mean of per-batch perplexities. Targets equal
-    to ``ignore_index`` (padding) are not counted."""
+    """exp of the mean cross-entropy per target token: ``outputs`` (N, ..., V) or (N, V, ...) unnormalised scores,
+    integer targets (N, ...). Computed from the summed token log-likelihood, not as a mean of per-batch perplexities.
+    Targets equal to ``ignore_index`` (padding) are not counted. A diverged model's perplexity is inf, not an
+    error."""
 
     name, goal = "perplexity", "min"
 
-    def __init__(self, ignore_index: int = -100):
-        self.ignore_index = ignore_index
+    def __init__(self, ignore_index: int = IGNORE_INDEX, class_axis: Optional[int] = None):
+        self.ignore_index, self.class_axis = ignore_index, class_axis
 
     def sums(self, outputs, target):
-        logits = _logits(outputs).astype(np.float64)
-        flat, target = logits.reshape(-1, logits.shape[-1]), np.asarray(target).reshape(-1).astype(np.int64)
-        keep = target != self.ignore_index
-        flat, target = flat[keep], target[keep]
+        flat, target = class_scores(self.name, outputs, target, self.class_axis, self.ignore_index)
+        flat = flat.astype(np.float64)
         top = flat.max(axis=1, keepdims=True)
         log_z = top[:, 0] + np.log(np.exp(flat - top).sum(axis=1))
         nll = log_z - flat[np.arange(len(target)), target]
         return [float(nll.sum()), float(len(target))]
 
     def value(self, sums):
-        return float(math.exp(sums[0] / max(sums[1], 1.0)))
+        mean = sums[0] / max(sums[1], 1.0)
+        return math.inf if mean > 709.0 else float(math.exp(mean))  # exp overflows a float64 past ~709.78
 
 
 class Tally:
@@ -172,6 +224,10 @@ class Tally:
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated or not all(names):
             raise ValueError(f"metrics need distinct non-empty names; got {names}")
+        reserved = [n for n in names if n in RESERVED]
+        if reserved:
+            raise ValueError(f"metric name {reserved[0]!r} is the Trainer's own (val_{reserved[0]} is the recipe's "
+                             f"loss): give the metric another name")
         self.metrics = metrics
         self.offsets = np.cumsum([0] + [m.size for m in metrics])
         self.total = np.zeros(int(self.offsets[-1]), dtype=np.float64)

@@ -95,7 +95,9 @@ class Trainer:
 
     def metrics(self) -> List[metric_objects.Metric]:
         """The metrics evaluation reports (``val_NAME`` in records) besides ``val_loss``, the recipe's loss: by
-        default classification accuracy (and top-5 with :attr:`report_top5`). A regression returns e.g.
+        default classification accuracy (and top-5 with :attr:`report_top5`) where the targets are class indices, and
+        the mean squared and absolute errors where they are not (decided on one validation batch before training:
+        :meth:`hvdtrain.evaluation.Evaluator.check`). A regression returns e.g.
         ``[MeanSquaredError(), MeanAbsoluteError()]``, a language model ``[Perplexity()]``; ``[]`` reports the loss
         alone. Each metric's sums are allreduced once per evaluation (:mod:`hvdtrain.metrics`)."""
         return [metric_objects.Accuracy()] + ([metric_objects.TopK(5)] if self.report_top5 else [])
@@ -179,13 +181,17 @@ class Trainer:
         self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
                             if self.val_set is not None else None)
         self.evaluator = Evaluator(backend, self.val_set, self.val_sampler, self.metrics(),
-                                   cfg.eval_batch_size or 2 * cfg.batch_size, cfg.num_workers)
-        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self.evaluator.goals())
-                                                    if cfg.monitor else None)
+                                   cfg.eval_batch_size or 2 * cfg.batch_size, cfg.num_workers,
+                                   default_metrics=type(self).metrics is Trainer.metrics)
         loss = getattr(self, f"loss_{backend.name}", None)
         task = Task(split=self.split_batch, step=getattr(self, f"step_{backend.name}", None))
         backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
                       sample_shape=self._sample_shape(self.train_set), task=task)
+        # One validation batch through the model, the loss and the metrics before any training: a metric that cannot
+        # read the model's outputs is a one-line error now, not after the first epoch; default metrics fit the target.
+        self.evaluator.check()
+        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self.evaluator.goals())
+                                                    if cfg.monitor else None)
         self._plan()
         if self.steps == 0:
             raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "

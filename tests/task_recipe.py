@@ -91,3 +91,70 @@ class TwoInputTrainer(Trainer):
         return (pred - y) ** 2 + AUX * pred ** 2, pred
 
     step_mxnet = step_torch
+
+
+class NoMetricsRegression(TwoInputTrainer):
+    """The same regression, as a new user writes it: its own loss, no metrics declared, no step of its own."""
+
+    name = "no-metrics-regression"
+    metrics = Trainer.metrics  # the defaults, as if never overridden
+    step_torch = step_mxnet = None
+
+    @staticmethod
+    def loss_torch():
+        def squared_error(pred, y):  # per sample
+            return (pred.reshape(y.shape) - y) ** 2
+        return squared_error
+
+    loss_mxnet = loss_torch
+
+
+@dataclass
+class SequenceConfig(TrainConfig):
+    epochs: int = 1
+    batch_size: int = 8
+    base_lr: float = 0.05
+    bad_output: bool = False
+    """Return (N, T + 1, C): an output no metric can read."""
+
+
+class SequenceTrainer(Trainer):
+    """A PyTorch sequence tagger whose output follows CrossEntropyLoss's own convention, (N, C, T), targets (N, T)
+    with padding (-100) at the end of some sequences; no metrics declared."""
+
+    name = "sequence-nct"
+    config_class = SequenceConfig
+
+    def datasets(self):
+        rng = np.random.default_rng(0)
+
+        def make(n):
+            x = rng.integers(1, 20, (n, 6)).astype(np.int64)
+            y = (x % 5).astype(np.int64)
+            y[::3, 4:] = -100  # every third sequence is padded after 4 tokens
+            return ArrayDataset(x, y)
+        return make(96), make(24)
+
+    def build_torch(self):
+        from torch import nn
+        bad = self.cfg.bad_output
+
+        class Tagger(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.out = nn.Embedding(20, 16), nn.Linear(16, 5)
+
+            def forward(self, x):
+                h = self.out(self.embed(x))  # (N, T, C)
+                if bad:
+                    h = nn.functional.pad(h, (0, 0, 0, 1))  # (N, T + 1, C)
+                return h.transpose(1, 2)  # (N, C, T)
+        return Tagger()
+
+    @staticmethod
+    def loss_torch():
+        import torch.nn.functional as F
+
+        def loss(out, y):  # per position, the pads ignored: CrossEntropyLoss's own (N, C, T) convention
+            return F.cross_entropy(out[..., :y.shape[1]], y, reduction="none")
+        return loss

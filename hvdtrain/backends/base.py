@@ -10,7 +10,8 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
   phases it enters on ``self.phases`` (forward, backward, allreduce, step); ``synchronize()`` waits for the device.
 - ``start_timeline(path)`` / ``stop_timeline()``: Horovod's timeline for a window of steps.
 - ``eval_step(batch, outputs)``: one validation batch as (the model's outputs as numpy, or None without
-  ``outputs``; the target as numpy; the recipe's loss summed over the batch's samples; the number of samples).
+  ``outputs``; the target as numpy; the recipe's loss as (sum, weight) by :meth:`Task.loss_total`; the number of
+  samples).
 - ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
   ``allreduce_mean`` (metrics across ranks, returned as floats) and ``allgather_floats``.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled);
@@ -65,16 +66,26 @@ class Task:
         return self.loss_and_outputs(result)[0]
 
     @staticmethod
-    def loss_sum(total: float, elements: int, samples: int) -> float:
-        """The sum over a batch's samples of each sample's loss, from the sum ``total`` of a loss of ``elements``
-        values: a scalar is the batch's mean (times ``samples``); one value per sample sums; several per sample (a
-        sequence's positions) are averaged per sample first."""
+    def loss_total(loss: Any, target: Any, samples: int) -> Tuple[float, float]:
+        """A validation batch's loss (as numpy) as (sum, weight), val_loss being the sums over the validation set
+        divided by the weights: a scalar is the batch's mean (weight: ``samples``); one value per target position
+        (per sample, or per token of a sequence) is summed over the positions whose integer target is not padding
+        (:data:`hvdtrain.metrics.IGNORE_INDEX`), the weight being those positions (so a sequence's val_loss is the
+        mean per token, and exp(val_loss) its perplexity); several values per sample otherwise are averaged per
+        sample first."""
+        from ..metrics import IGNORE_INDEX
+        loss = np.asarray(loss, dtype=np.float64)
+        elements = loss.size
         if elements == 1:
-            return total * samples
+            return float(loss.sum()) * samples, float(samples)
+        target = np.asarray(target) if target is not None else None
+        if target is not None and target.size == elements and target.dtype.kind in "iu":
+            keep = target.reshape(loss.shape) != IGNORE_INDEX
+            return float(loss[keep].sum()), float(keep.sum())
         if elements % samples:
             raise ValueError(f"the loss has {elements} values for a batch of {samples} samples; return one value, "
                              f"one per sample, or the same number per sample")
-        return total / (elements // samples)
+        return float(loss.sum()) / (elements // samples), float(samples)
 
 
 class Backend(abc.ABC):
@@ -229,9 +240,9 @@ class Backend(abc.ABC):
         return True
 
     @abc.abstractmethod
-    def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, float, int]:
-        """One validation batch: (outputs as numpy or None, target as numpy, the loss summed over its samples
-        (:meth:`Task.loss_sum`), samples)."""
+    def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, Tuple[float, float], int]:
+        """One validation batch: (outputs as numpy or None, target as numpy, the loss as (sum, weight)
+        (:meth:`Task.loss_total`), samples)."""
         ...
 
     @abc.abstractmethod

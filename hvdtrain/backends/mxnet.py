@@ -391,9 +391,9 @@ class MXNetBackend(Backend):
         out = map_arrays(lambda a: a.astype("float32") if self._floating(a) and a.dtype != np.float32 else a, out)
         if loss is None:
             loss = self.eval_loss_fn(out, y)
-        n = int(y.shape[0])
-        return (self._numpy(out) if outputs else None), y.asnumpy(), self.task.loss_sum(
-            float(loss.astype("float64").sum().asscalar()), loss.size, n), n
+        n, target = int(y.shape[0]), y.asnumpy()
+        return (self._numpy(out) if outputs else None), target, self.task.loss_total(
+            loss.astype("float64").asnumpy(), target, n), n
 
     def _floating(self, a: Any) -> bool:
         """A floating-point NDArray: float16/32/64, and bfloat16 (which numpy sees as a 2-byte record, not a float)."""

@@ -337,9 +337,9 @@ class TorchBackend(Backend):
             out = _to_float32(out)
             if loss is None:
                 loss = self.eval_loss_fn(out, y)
-        n = int(y.shape[0])
-        return (_to_numpy(out) if outputs else None), _to_numpy(y), self.task.loss_sum(float(loss.float().sum()),
-                                                                                      loss.numel(), n), n
+        n, target = int(y.shape[0]), _to_numpy(y)
+        return (_to_numpy(out) if outputs else None), target, self.task.loss_total(_to_numpy(loss.float()), target,
+                                                                                  n), n
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr

@@ -126,3 +126,36 @@ def test_own_task_with_two_inputs_its_own_step_and_metric(framework, tmp_path):
     within = np.mean(np.abs(pred - y) <= 0.1)
     assert abs(record["val_within_tenth"] - within) <= 1 / 101, (record, within)  # a prediction at the border
     assert record["val_mse"] < 0.5 * np.var(y), record
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_regression_without_metrics_reports_errors_not_accuracy(framework, tmp_path):
+    """Issue 47, item 10: a regression that declared no metrics ended with "done: val_accuracy 0.00%" (the default
+    accuracy applied to float targets). The defaults now fit the target: the mean squared and absolute errors."""
+    out = tmp_path / "run"
+    result = hvdtrain("recipe", "tests.task_recipe:NoMetricsRegression", "--framework", framework, "--epochs", "1",
+                      "--precision", "fp32", "--output-dir", str(out), np_=1)
+    record = read_metrics(str(out))[-1]
+    assert "val_accuracy" not in record and record["val_mse"] > 0 and record["val_mae"] > 0, record
+    assert "done: val_mse" in result.output and "val_accuracy" not in result.output, describe(result)
+
+
+def test_a_sequence_model_in_pytorchs_n_c_t_convention_trains_and_is_scored(tmp_path):
+    """Issue 47, item 10: outputs (N, C, T) with (N, T) targets crashed in the first evaluation ("'bool' object has
+    no attribute 'sum'" in Accuracy.sums). Scored per token now, the pads left out of the accuracy and the loss."""
+    out = tmp_path / "run"
+    hvdtrain("recipe", "tests.task_recipe:SequenceTrainer", "--output-dir", str(out), np_=1)
+    record = read_metrics(str(out))[-1]
+    assert 0 <= record["val_accuracy"] <= 1 and np.isfinite(record["val_loss"]), record
+
+
+def test_an_output_no_metric_can_read_is_one_line_before_training(tmp_path):
+    out = tmp_path / "run"
+    cmd = [PY, "-m", "hvdtrain", "recipe", "tests.task_recipe:SequenceTrainer", "--bad-output",
+           "--output-dir", str(out)]
+    result = run(cmd, timeout=120)
+    assert result.returncode == 2, describe(result)
+    assert "metric accuracy: the model's output (16, 5, 7) does not fit targets (16, 6)" in result.stderr, \
+        describe(result)
+    assert "before training" in result.stderr and "Traceback" not in result.output, describe(result)
+    assert not (out / "metrics.jsonl").exists() or not read_metrics(str(out)), "nothing trained"
