@@ -22,8 +22,9 @@ EXPORT_USAGE = """usage: python -m hvdtrain export SOURCE [--format native|onnx]
                                 [--recipe NAME] [--option value ...]
 
 The weights in SOURCE (a run directory, a checkpoint, an export, a .pt or .params file) as the recipe's model: in a
-framework's own formats (native) or as ONNX. DIR (default: beside the run, export-FORMAT[-FRAMEWORK]) receives the
-model files, model.json (recipe, classes, input, preprocessing) and sample.npz (inputs and the source's logits).
+framework's own formats (native) or as ONNX. DIR (default: beside the run, export-FORMAT[-FRAMEWORK][-best])
+receives the model files, model.json (recipe, classes, input, preprocessing) and sample.npz (inputs and the
+source's logits).
 --recipe and the recipe's options are needed only for files that do not say which recipe trained them."""
 
 EVAL_USAGE = """usage: python -m hvdtrain eval SOURCE [--output-dir DIR] [--recipe NAME] [--option value ...]
@@ -32,7 +33,7 @@ Evaluate the weights in SOURCE (a run directory, a checkpoint, an export, a .pt 
 validation set, every sample once over all ranks; launch it like training (horovodrun, mpirun, srun). A run trained in
 fp32 is evaluated in fp32; one trained in a reduced precision (a GPU's fp16, a CPU's bf16) in what --precision auto
 picks on the host eval runs on (--precision overrides both). Rank 0 prints the figures and writes DIR/eval.json
-(default: RUN_DIR/eval)."""
+(default: RUN_DIR/eval, RUN_DIR/eval-best for RUN_DIR/best)."""
 
 USAGE = """usage: python -m hvdtrain COMMAND ...
 
@@ -122,9 +123,16 @@ def _pop_option(argv: List[str], name: str, default: str = "") -> str:
 
 
 def _run_dir(info: dict) -> str:
-    """The run directory a checkpoint lies in ('' for files outside one)."""
+    """The run directory a checkpoint lies in, in checkpoints/ or best/ ('' for files outside one)."""
+    from .monitor import BEST_DIR
     parent = os.path.dirname(os.path.abspath(info.get("path", "")))
-    return os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else ""
+    return os.path.dirname(parent) if os.path.basename(parent) in ("checkpoints", BEST_DIR) else ""
+
+
+def _from_best(info: dict) -> str:
+    """"-best" for a checkpoint in a run's best/ (its eval and export go beside the run, named apart), else ""."""
+    from .monitor import BEST_DIR
+    return "-best" if os.path.basename(os.path.dirname(os.path.abspath(info.get("path", "")))) == BEST_DIR else ""
 
 
 def _from_source(command: str, argv: List[str]):
@@ -176,7 +184,8 @@ def cmd_export(argv: List[str]) -> int:
     cfg = dataclasses.replace(cfg, resume="never", init_from="", elastic=False)
     if not output:
         stem = _run_dir(info) or os.path.splitext(os.path.abspath(info.get("path", source)))[0]
-        output = os.path.join(stem, f"export-{fmt}-{cfg.framework}" if fmt == "native" else "export-onnx")
+        output = os.path.join(stem, (f"export-{fmt}-{cfg.framework}" if fmt == "native" else "export-onnx")
+                              + _from_best(info))
     from .weights import WeightsError
     try:
         meta = cls(cfg).export(source, fmt, output)
@@ -202,7 +211,7 @@ def cmd_eval(argv: List[str]) -> int:
     precision = base.precision if base.precision == "fp32" else "auto"
     cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision=precision))
     if not output:
-        output = (os.path.join(_run_dir(info), "eval") if _run_dir(info)
+        output = (os.path.join(_run_dir(info), "eval" + _from_best(info)) if _run_dir(info)
                   else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
     cfg = dataclasses.replace(cfg, init_from=source, output_dir=output, elastic=False, resume="never")
     trainer = cls(cfg)

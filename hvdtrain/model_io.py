@@ -102,7 +102,7 @@ def export(trainer, source: str, fmt: str, directory: str) -> Dict[str, Any]:
             "recipe": trainer.name, "model": getattr(cfg, "model", None),
             "num_classes": head[0] if head else None, "input_shape": list(trainer.input_shape),
             "input": "float32 N x " + " x ".join(map(str, trainer.input_shape)) + ", preprocessed as below",
-            "output": "logits (unnormalised class scores)", "preprocessing": trainer.preprocessing(),
+            "output": trainer.output_description, "preprocessing": trainer.preprocessing(),
             **files, "source": info.get("path", source), "source_framework": info.get("framework"),
             "epoch": info.get("epoch"), "global_step": info.get("global_step"), "metrics": source_metrics(info), "config": json.loads(cfg.to_json()),
             "sample": {"file": "sample.npz", "inputs": what, "logits_from": ref_framework},

@@ -61,6 +61,8 @@ class Trainer:
     """Shape of one sample, for --synthetic."""
     num_classes: int = 0
     """Number of classes, for --synthetic."""
+    output_description: str = "logits (unnormalised class scores)"
+    """What the model outputs, for an exported model's model.json (a regression says its prediction)."""
 
     def __init__(self, cfg: Optional[TrainConfig] = None, callbacks: Optional[List[Callback]] = None, **overrides):
         cfg = cfg if cfg is not None else self.config_class()

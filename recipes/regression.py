@@ -67,6 +67,7 @@ class RegressionTrainer(Trainer):
     config_class = RegressionConfig
     input_shape = (10,)
     sample_unit = "patients"
+    output_description = "the standardised disease progression one year after baseline (preprocessing: output)"
 
     def datasets(self):
         train, val, self.y_mean, self.y_std = split(*load_diabetes())

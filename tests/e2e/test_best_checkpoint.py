@@ -79,6 +79,16 @@ def test_a_kill_between_the_checkpoint_and_its_best_copy_is_repaired_on_resume(u
     assert same(figures(out), records)  # every record
     evaluated = run([PY, "-m", "hvdtrain", "eval", str(out / "best")], timeout=120)
     assert evaluated.returncode == 0 and "val_mse 2959.5" in evaluated.output, describe(evaluated)
+    # issue 47, item 7: eval and export of RUN/best go beside the run (not ./runs/eval-RECIPE-FRAMEWORK, shared by
+    # every run, nor inside best/), and a regression's export says what its output is
+    assert (out / "eval-best" / "eval.json").exists()
+    exported = run([PY, "-m", "hvdtrain", "export", str(out / "best")], timeout=120)
+    assert exported.returncode == 0, describe(exported)
+    meta = json.loads((out / "export-native-torch-best" / "model.json").read_text())
+    assert "disease progression" in meta["output"] and "logits" not in meta["output"], meta["output"]
+    assert meta["metrics"]["val_mse"] == pytest.approx(2959.51, abs=0.01)
+    assert sorted(os.listdir(out / "best")) == [checkpoint.checkpoint_name(4, 84),
+                                                checkpoint.checkpoint_name(4, 84) + ".sha256"]
 
 
 def test_a_mid_epoch_stop_and_resume_stops_where_the_uninterrupted_run_stops(uninterrupted, tmp_path):
