@@ -274,19 +274,29 @@ def ps_step(compute: Compute, hosts: int, per_host: int, servers: int, net: Link
     if workers <= 1:  # one host: the kvstore's local aggregation, no network
         return {"seconds": compute.seconds, "exposed_communication": 0.0, "communication": 0.0, "messages": 0}
     share = n / servers
+    # Bytes per byte of gradient on the busiest host's link, in one direction: during an array's push alone
+    # (``push``), and per array once pushes and pulls of successive arrays overlap (``steady``: the push and the pull
+    # directions added where they share a direction).
     if colocated:
-        # a host with a server: pushes in from the other workers and its worker's pulls from the other servers
-        server_host = (workers - 1) * share + (servers - 1) * share
-        busiest = max(server_host, n if servers < workers else 0.0)  # a host without a server: n out, n in
+        # a host with a server: pushes in from the other workers, its worker's pushes out to the other servers; the
+        # pull reverses both
+        push = max((workers - 1) * share, (servers - 1) * share)
+        steady = (workers - 1) * share + (servers - 1) * share
+        if servers < workers:  # a host without a server: n out in the push, n in in the pull
+            push, steady = max(push, n), max(steady, n)
     else:
-        busiest = max(workers * share, n)
-    ratio = busiest / n  # bytes on the busiest link per byte of gradient
+        push = steady = max(workers * share, n)
+    push, steady = push / n, steady / n
 
     def cost(nbytes: float) -> float:  # one array: a push and a pull, the servers' sums of every worker's share
-        return 2 * net.alpha + ratio * nbytes * net.beta + workers * nbytes / servers * net.gamma
+        return 2 * net.alpha + steady * nbytes * net.beta + workers * nbytes / servers * net.gamma
 
     grads = [Gradient(b, (f if overlap else 1.0) * compute.backward) for b, f in compute.gradients]
     done, sizes = fuse(grads, 0.0, 0.0, cost)
+    if sizes:
+        # The last array's pull overlaps no later push: with one server, host0's link receives every push, then
+        # sends every pull, so one array alone takes 2(h-1) n beta, not (h-1) n beta.
+        done += max(0.0, 2 * push - steady) * sizes[-1] * net.beta
     step = compute.forward + max(compute.backward, done) + compute.update
     return {"seconds": step, "exposed_communication": step - compute.seconds,
             "communication": sum(cost(b) for b in sizes), "messages": len(sizes)}

@@ -71,7 +71,13 @@ def test_the_parameter_server_layouts():
     link = cm.Link(0.0, LINK.beta)
     one = cm.ps_step(compute, hosts, 1, 1, link)["seconds"]
     per_host = cm.ps_step(compute, hosts, 1, hosts, link)["seconds"]
-    assert one == pytest.approx((hosts - 1) * n * link.beta, rel=1e-6)  # host0's link carries every push
+    # host0's link receives every push, then sends every pull: one array, nothing to overlap (issue 47, item 9: it
+    # was charged (h-1) n beta, push and pull together)
+    assert one == pytest.approx(2 * (hosts - 1) * n * link.beta, rel=1e-6)
+    # many arrays: each array's pull overlaps the next one's push; only the last pull is left over
+    many = cm.Compute(0.0, 1e-9, 0.0, [(n / 10, 1.0)] * 10)
+    assert cm.ps_step(many, hosts, 1, 1, link)["seconds"] == pytest.approx((hosts - 1) * n * 1.1 * link.beta,
+                                                                           rel=1e-6)
     # a server per host: each host's link carries what the ring's does, 2(n-1)/n of the gradients
     assert per_host == pytest.approx(2 * (hosts - 1) / hosts * n * link.beta, rel=1e-6)
     assert per_host == pytest.approx(cm.ring_allreduce(n, hosts, link), rel=1e-6)
