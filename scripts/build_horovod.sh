@@ -53,8 +53,9 @@ if [ "${HVDTRAIN_NO_MPI:-0}" != 1 ]; then
       :  # the key then says MPI is missing, as the build would find it without the install
     elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       log "Open MPI not found: installing openmpi-bin and libopenmpi-dev with apt-get"
-      apt-get update -qq >&2
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
+      # another apt (a booting VM's unattended upgrades) may hold the lock: apt_get.sh waits for it, bounded
+      bash "$(dirname "$0")/apt_get.sh" update -qq >&2
+      bash "$(dirname "$0")/apt_get.sh" install -y -qq openmpi-bin libopenmpi-dev >&2
     else
       log "Open MPI not found; building Horovod with Gloo only (doctor will report MPI missing)."
       log "  To add MPI: sudo apt-get install openmpi-bin libopenmpi-dev (Debian/Ubuntu), then make install again."

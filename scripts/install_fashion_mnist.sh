@@ -20,9 +20,10 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 echo "installing Fashion-MNIST: apt-get install dataset-fashion-mnist (30 MB)" >&2
-if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1; then
-  apt-get update -qq >/dev/null 2>&1
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || {
+apt="$(dirname "$0")/apt_get.sh"  # waits (bounded, said once) while another apt holds the lock
+if ! bash "$apt" install -y -qq dataset-fashion-mnist >/dev/null 2>&1; then
+  bash "$apt" update -qq >/dev/null
+  bash "$apt" install -y -qq dataset-fashion-mnist >/dev/null || {
     echo "apt-get install dataset-fashion-mnist failed (is the package in this distribution's sources?)" >&2
     exit 1
   }

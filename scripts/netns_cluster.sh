@@ -32,8 +32,9 @@ ensure_sshd() {
   [ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null && return
   if command -v apt-get >/dev/null; then
     echo "netns_cluster: installing openssh-server (apt-get)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server >/dev/null; }
+    local apt; apt="$(dirname "$0")/apt_get.sh"  # waits while another apt holds the lock
+    bash "$apt" install -y -q openssh-server >/dev/null 2>&1 \
+      || { bash "$apt" update -q >/dev/null && bash "$apt" install -y -q openssh-server >/dev/null; }
   fi
   [ -x /usr/sbin/sshd ] && command -v ssh-keygen >/dev/null \
     || die "needs OpenSSH's server and client (/usr/sbin/sshd, ssh-keygen): install openssh-server"

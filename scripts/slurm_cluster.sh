@@ -45,8 +45,9 @@ ensure_slurm() {
   fi
   command -v apt-get >/dev/null || die "needs Slurm and MUNGE (slurmctld, slurmd, slurm-client, munge)"
   echo "slurm_cluster: installing slurmctld slurmd slurm-client munge (apt-get)" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd slurm-client munge >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurmctld slurmd \
+  local apt; apt="$(dirname "$0")/apt_get.sh"  # waits while another apt holds the lock
+  bash "$apt" install -y -qq slurmctld slurmd slurm-client munge >/dev/null 2>&1 \
+    || { bash "$apt" update -qq >/dev/null && bash "$apt" install -y -qq slurmctld slurmd \
          slurm-client munge >/dev/null; } || die "apt-get install slurmctld slurmd slurm-client munge failed"
 }
 
