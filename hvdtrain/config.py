@@ -107,6 +107,18 @@ class TrainConfig:
     frameworks): the gradients go as one reduce-scatter, each rank updates 1/size of the weights and keeps 1/size of
     the optimizer state, one allgather returns the updated weights. The same bytes on the wire as the allreduce and
     the same update; checkpoints hold the whole optimizer state in the plain format."""
+    compile: bool = False
+    """PyTorch: torch.compile the model block by block (the repeated blocks of its sequential containers, or those
+    --compile-blocks names), so that Horovod still gets each gradient as the backward pass makes it; the whole model
+    as one region where no blocks are found (with a warning: no allreduce then overlaps the backward pass). MXNet's
+    models are hybridized (compiled) already."""
+    compile_blocks: str = ""
+    """With --compile: the submodules to compile, comma-separated state-dict prefixes (e.g. layer1.0,layer1.1), or
+    "model" for the whole model; empty: found (or the recipe's own compile_blocks())."""
+    compile_mode: str = "default"
+    """With --compile: torch.compile's mode: default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs."""
+    compile_backend: str = "inductor"
+    """With --compile: torch.compile's backend (inductor; aot_eager traces without generating code)."""
     data_dir: str = ""
     """Directory of the dataset (the recipe says which files it needs)."""
     synthetic: bool = False
@@ -215,6 +227,15 @@ class TrainConfig:
         if self.elastic and self.framework != "torch":
             raise ConfigError(f"--elastic is available on --framework torch only: Horovod has no elastic mode for "
                               f"{self.framework}; recover by checkpoint restart (--resume auto) instead")
+        if self.compile and self.framework != "torch":
+            raise ConfigError("--compile is for --framework torch: MXNet's models are hybridized already (Gluon "
+                              "compiles each HybridBlock to a static graph), which hvdtrain does for every model")
+        if self.compile_mode not in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            raise ConfigError(f"--compile-mode {self.compile_mode!r}: choose default, reduce-overhead, max-autotune or "
+                              f"max-autotune-no-cudagraphs (torch.compile's modes)")
+        if (self.compile_blocks or self.compile_mode != "default" or self.compile_backend != "inductor") \
+                and not self.compile:
+            raise ConfigError("--compile-blocks, --compile-mode and --compile-backend need --compile")
         self.timeline_window()  # raises on a malformed --timeline-steps
         if self.profile_steps < 0:
             raise ConfigError(f"--profile-steps must be 0 or more, got {self.profile_steps}")

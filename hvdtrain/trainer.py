@@ -86,6 +86,15 @@ class Trainer:
         if getattr(self, f"build_{self.cfg.framework}", None) is None:
             raise ConfigError(f"recipe {self.name} has no {self.cfg.framework} model; "
                               f"choose another --framework")
+        if self.cfg.compile and self.cfg.compile_blocks:  # named blocks must exist: checked on the model, unlaunched
+            from .backends.torch_compile import check_blocks
+            check_blocks(self.build_torch(), [n for n in self.cfg.compile_blocks.split(",") if n])
+
+    def compile_blocks(self) -> List[str]:
+        """With --compile and no --compile-blocks: the submodules (state-dict prefixes) compiled one by one, so
+        that each block's gradients reach Horovod as its backward pass ends; [] finds them (the repeated blocks of
+        the model's sequential containers: :func:`hvdtrain.backends.torch_compile.find_blocks`)."""
+        return []
 
     def datasets(self) -> Tuple[Any, Any]:
         """(train, val) datasets for every framework; override, or provide datasets_torch / datasets_mxnet.
@@ -187,6 +196,8 @@ class Trainer:
                                    default_metrics=type(self).metrics is Trainer.metrics)
         loss = getattr(self, f"loss_{backend.name}", None)
         task = Task(split=self.split_batch, step=getattr(self, f"step_{backend.name}", None))
+        if cfg.compile and not cfg.compile_blocks:
+            cfg = dataclasses.replace(cfg, compile_blocks=",".join(self.compile_blocks()))
         backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
                       sample_shape=self._sample_shape(self.train_set), task=task)
         # One validation batch through the model, the loss and the metrics before any training: a metric that cannot

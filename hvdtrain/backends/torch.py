@@ -157,6 +157,9 @@ class TorchBackend(Backend):
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None, task=None) -> None:
         hvd = self.hvd
         self.model = model.to(self.device)
+        self.compiling = None
+        if cfg.compile:
+            self._compile(cfg)
         smoothing = cfg.label_smoothing
         self.loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, label_smoothing=smoothing))
         self.eval_loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="none"))
@@ -197,6 +200,43 @@ class TorchBackend(Backend):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
+
+    def _compile(self, cfg) -> None:
+        """--compile: the model's blocks compiled in place (torch_compile), before Horovod's hooks are registered on
+        its parameters (which the regions keep); compiled at the first step, which says how long it took."""
+        from .torch_compile import cache_directory, compile_regions, graphs_compiled
+        cache = cache_directory(cfg.output_dir)
+        regions, fallback = compile_regions(self.model, [n for n in cfg.compile_blocks.split(",") if n],
+                                            cfg.compile_mode, cfg.compile_backend)
+        self.compiling = {"regions": regions, "graphs": graphs_compiled(), "step": 0, "warned": 0}
+        if self.rank == 0:
+            shown = ", ".join(regions[:4]) + (f", ... ({len(regions)} in all)" if len(regions) > 4 else "")
+            print(f"hvdtrain: --compile: {len(regions)} region(s) ({shown}), backend {cfg.compile_backend}, mode "
+                  f"{cfg.compile_mode}; compiled at the first step; inductor's cache in {cache}", flush=True)
+            if fallback:
+                print("hvdtrain: warning: --compile found no repeated blocks in the model and compiles it as one "
+                      "region: every gradient then reaches Horovod at the end of the backward pass, so no allreduce "
+                      "overlaps it; name the blocks with --compile-blocks (or the recipe's compile_blocks())",
+                      file=sys.stderr, flush=True)
+
+    def _compile_step(self, seconds: float, before: int) -> None:
+        """After a training step with --compile: the first says what compiling cost; a later one that compiled
+        again (a changing input shape) is reported, once per new count of graphs."""
+        from .torch_compile import graphs_compiled
+        state, now = self.compiling, graphs_compiled()
+        state["step"] += 1
+        if self.rank != 0:
+            return
+        if state["step"] == 1:
+            print(f"hvdtrain: --compile: compiling {len(state['regions'])} region(s) ({now - state['graphs']} "
+                  f"graph(s)) took the first step {seconds:.1f} s", flush=True)
+        elif now > before:
+            state["warned"] += 1
+            print(f"hvdtrain: warning: --compile recompiled at training step {state['step']} ({now - before} more "
+                  f"graph(s), {state['warned']} time(s) so far): an input of another shape or dtype; the training "
+                  f"loader drops the last partial batch, so look for a varying sequence length or image size "
+                  f"(dynamo stops recompiling after torch._dynamo.config.cache_size_limit and runs eager)",
+                  file=sys.stderr, flush=True)
 
     def last_step_applied(self) -> bool:
         if self.scaler is None:
@@ -274,6 +314,15 @@ class TorchBackend(Backend):
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
+        if self.compiling is not None:
+            from .torch_compile import graphs_compiled
+            before, start = graphs_compiled(), time.perf_counter()
+            out = self._train_step(micro_batches, mix)
+            self._compile_step(time.perf_counter() - start, before)
+            return out
+        return self._train_step(micro_batches, mix)
+
+    def _train_step(self, micro_batches: List[Any], mix: Optional[float] = None) -> Dict[str, Any]:
         self.model.train()
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)

@@ -1,0 +1,90 @@
+"""--compile under horovodrun at np=2 (issue 46): block by block, the gradients still reach Horovod as the backward
+pass makes them (the whole model as one region loses that); the compiled model trains as the eager one does; a
+checkpoint crosses the switch both ways; what cannot work is refused in one line before anything is written.
+
+torch.compile's aot_eager backend (dynamo and AOTAutograd, no generated code) keeps these runs short; the regions
+and their backward nodes, which decide when the hooks fire, are the same with inductor."""
+import json
+import os
+import statistics
+
+import pytest
+
+from tests.e2e.conftest import read_metrics
+from tests.helpers import PY, describe, horovodrun, run
+
+pytest.importorskip("torch")
+RECIPE = [PY, "-m", "hvdtrain", "recipe", "tests.compile_recipe:BlocksTrainer"]
+AOT = ["--compile-backend", "aot_eager"]
+CLOSE = 1e-4  # relative: the same operations, traced; a wrong gradient or a lost step is off by far more
+
+
+def train(out, *extra, expect=0):
+    result = run(horovodrun(2, *RECIPE, "--output-dir", str(out), *extra), timeout=300)
+    assert result.returncode == expect, describe(result)
+    return result
+
+
+def first_hook(out) -> float:
+    """The median over steps and ranks of the fraction of the backward pass elapsed at the first gradient."""
+    fractions = []
+    for rank in (0, 1):
+        with open(os.path.join(out, f"hooks-rank{rank}.json")) as f:
+            fractions += json.load(f)[2:]  # after the first steps (compilation)
+    return statistics.median(fractions)
+
+
+@pytest.fixture(scope="module")
+def eager(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compile") / "eager"
+    train(out)
+    return out
+
+
+def test_blocks_compiled_one_by_one_keep_the_overlap_and_the_whole_model_loses_it(eager, tmp_path):
+    blocks, whole = tmp_path / "blocks", tmp_path / "whole"
+    result = train(blocks, "--compile", *AOT)
+    assert "--compile: 12 region(s) (blocks.0, blocks.1" in result.output, describe(result)
+    assert "took the first step" in result.output
+    train(whole, "--compile", "--compile-blocks", "model", *AOT)
+    e, b, w = first_hook(eager), first_hook(blocks), first_hook(whole)
+    assert abs(b - e) <= 0.15, (e, b, w)
+    assert w > e + 0.3 and w > 0.7, (e, b, w)  # every gradient at the end of the backward pass
+    # the compiled model trains as the eager one, step for step (every record)
+    for got in (read_metrics(str(blocks)), read_metrics(str(whole))):
+        want = read_metrics(str(eager))
+        assert [r["global_step"] for r in got] == [r["global_step"] for r in want]
+        for g, w_ in zip(got, want):
+            assert g["train_loss"] == pytest.approx(w_["train_loss"], rel=CLOSE), (g, w_)
+            assert g["val_loss"] == pytest.approx(w_["val_loss"], rel=CLOSE), (g, w_)
+
+
+def test_a_checkpoint_crosses_the_switch_both_ways(eager, tmp_path):
+    """Compiled for epoch 1, resumed eager; eager for epoch 1, resumed compiled: both end where the uninterrupted
+    eager run ends (the checkpoints hold the model's own names, never _orig_mod.)."""
+    from hvdtrain import checkpoint
+    for first, then, name in ((["--compile", *AOT], [], "compiled-then-eager"),
+                              ([], ["--compile", *AOT], "eager-then-compiled")):
+        out = tmp_path / name
+        train(out, "--max-steps", "8", *first)  # 8 steps of 2 ranks x 32: epoch 1 of 512 samples
+        state = checkpoint.load(checkpoint.latest_valid(str(out / "checkpoints")))
+        assert all("_orig_mod" not in k for k in state["backend"]["model"]), list(state["backend"]["model"])[:3]
+        resumed = train(out, *then)
+        assert "resuming from" in resumed.output, describe(resumed)
+        got, want = read_metrics(str(out)), read_metrics(str(eager))
+        assert [r["epoch"] for r in got] == [1, 2]
+        for g, w in zip(got, want):
+            assert g["val_loss"] == pytest.approx(w["val_loss"], rel=CLOSE), (name, g, w)
+
+
+def test_what_cannot_compile_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    out = tmp_path / "never"
+    for extra, message in ((["--framework", "mxnet", "--compile"], "--compile is for --framework torch: MXNet's "
+                                                                    "models are hybridized already"),
+                           (["--compile", "--compile-blocks", "blocks.0,nosuch"],
+                            "--compile-blocks 'nosuch': the model has no such submodule"),
+                           (["--compile-mode", "fast"], "--compile-mode 'fast': choose default")):
+        result = run([*RECIPE, "--output-dir", str(out), *extra], timeout=120)
+        assert result.returncode == 2, describe(result)
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, describe(result)
+        assert not out.exists(), "nothing is written"
