@@ -72,9 +72,17 @@ if [ $build_rc = 0 ]; then
   "$PY" -m hvdtrain bench amp "${sizes[@]}" --output-dir "$out" >"$out/amp.log" 2>&1; amp_rc=$?
 fi
 
-"$PY" - "$out" "$mode" "$build_rc" "$build_seconds" "$key" "$doctor_rc" "$amp_rc" "$(( $(date +%s) - start ))" <<'PYEOF'
+compile_rc=1  # --compile against eager (issue 46): the GPU's side of docs/benchmarks.md's CPU figures
+if [ $build_rc = 0 ] && [ "$mode" = full ]; then
+  log "python -m hvdtrain bench compile --recipes imagenet --rounds ${ROUNDS:-2}"
+  "$PY" -m hvdtrain bench compile --recipes imagenet --rounds "${ROUNDS:-2}" --output-dir "$out" \
+    >"$out/compile.log" 2>&1; compile_rc=$?
+fi
+
+"$PY" - "$out" "$mode" "$build_rc" "$build_seconds" "$key" "$doctor_rc" "$amp_rc" "$(( $(date +%s) - start ))" \
+  "$compile_rc" <<'PYEOF'
 import json, os, sys
-out, mode, build_rc, build_seconds, key, doctor_rc, amp_rc, seconds = sys.argv[1:]
+out, mode, build_rc, build_seconds, key, doctor_rc, amp_rc, seconds, compile_rc = sys.argv[1:]
 
 def tail(name, n=40):
     path = os.path.join(out, name)
@@ -87,7 +95,11 @@ if os.path.exists(os.path.join(out, "amp.json")) and amp_rc == "0":
 report = {"mode": "cpu-smoke" if mode == "--cpu-smoke" else "gpu", "seconds": int(seconds),
           "build": {"exit": int(build_rc), "seconds": int(build_seconds), "key": key, "log_tail": tail("build.log")},
           "doctor": {"exit": int(doctor_rc), "report": tail("doctor.txt", 60)},
-          "amp": amp, "amp_exit": int(amp_rc), "amp_log_tail": [] if amp else tail("amp.log")}
+          "amp": amp, "amp_exit": int(amp_rc), "amp_log_tail": [] if amp else tail("amp.log"),
+          "compile_exit": int(compile_rc), "compile_log_tail": tail("compile.log")}
+if compile_rc == "0" and os.path.exists(os.path.join(out, "compile.json")):
+    with open(os.path.join(out, "compile.json")) as f:
+        report["compile"] = json.load(f)
 with open(os.path.join(out, "gpu_check.json"), "w") as f:
     json.dump(report, f, indent=2)
 if amp:

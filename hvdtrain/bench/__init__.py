@@ -1,5 +1,5 @@
-"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|convergence|amp|project``: measured side
-by side, and projected.
+"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|convergence|amp|compile|project``:
+measured side by side, and projected.
 
 One module per benchmark (its name), each with ``add_parser(sub)`` and ``run(args)``; :mod:`.runner` holds what they
 share; :mod:`.loops` and :mod:`.allreduce_worker` are the worker programs they launch.
@@ -22,7 +22,8 @@ the scaling efficiency of each; ``network``: the same over rate-limited links be
 (:mod:`hvdtrain.bench.network`). ``allreduce``: bus bandwidth per message size
 (:mod:`hvdtrain.bench.allreduce_worker`) and ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
 against training on real and on synthetic data. Every comparison interleaves its variants within each round (A B C,
-then C B A) and reports median, min and max per variant. ``project``: the step's cost model
+then C B A) and reports median, min and max per variant. ``compile``: the recipes with ``--compile`` against eager
+PyTorch (:mod:`hvdtrain.bench.compile`). ``project``: the step's cost model
 (:mod:`hvdtrain.bench.costmodel`) at host counts not measured here (docs/scaling.md).
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ import argparse
 import importlib
 from typing import List
 
-BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "convergence", "amp", "project")
+BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "convergence", "amp", "compile",
+              "project")
 """Module names under hvdtrain.bench, in the order ``bench -h`` lists them."""
 
 

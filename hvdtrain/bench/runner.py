@@ -14,16 +14,17 @@ from ..config import ConfigError
 
 
 def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, extra: List[str],
-              timeout: float, env: Optional[Dict[str, str]] = None) -> float:
+              timeout: float, env: Optional[Dict[str, str]] = None, epochs: int = 1) -> float:
     """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables.
     fp32 unless ``extra`` says otherwise: the bare loops it is compared with compute in fp32, and ``--precision auto``
-    would pick bf16 on some processors only."""
+    would pick bf16 on some processors only. ``epochs`` > 1: that many whole epochs (``steps`` unused), the last
+    one's rate (what a run settles to after a first epoch that compiled, or warmed up)."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
         cmd = [horovodrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, "-m", "hvdtrain",
-               "recipe", recipe, "--framework", framework, "--epochs", "1", "--warmup-epochs", "0",
-               "--max-steps", str(steps), "--threads", str(threads), "--resume", "never", "--output-dir", out,
-               "--precision", "fp32", *extra]
+               "recipe", recipe, "--framework", framework, "--epochs", str(epochs), "--warmup-epochs", "0",
+               *(["--max-steps", str(steps)] if epochs == 1 else []), "--threads", str(threads), "--resume",
+               "never", "--output-dir", out, "--precision", "fp32", *extra]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
                                   env=dict(os.environ, **(env or {})))

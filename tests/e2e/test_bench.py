@@ -247,3 +247,19 @@ def test_shard_collectives_worker_times_each_collective_through_either_frontend(
 def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
     result = run(hvdtrain("bench", "network", "--rate", "fast", "--output-dir", str(tmp_path)), timeout=60)
     assert result.returncode != 0 and "--rate 'fast': give a rate in tc's syntax" in result.stderr, describe(result)
+
+
+def test_compile_benchmark_against_eager(tmp_path):
+    """bench compile at its smallest: the MNIST recipe eager and with --compile (aot_eager here), the second epoch's
+    img/s of each, their ratio; a bad recipe name is one line."""
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "compile", "--recipes", "mnist", "--rounds", "1", "--backend", "aot_eager",
+                          "--output-dir", str(out)), timeout=400)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "compile.json").read_text())
+    row = data["recipes"]["mnist"]
+    assert set(row["variants"]) == {"eager", "compiled"} and row["compiled_over_eager"] > 0
+    assert all(v["images_per_sec"] > 0 for v in row["variants"].values())
+    assert "bench: mnist: eager" in result.stdout and _png(out / "compile.png")
+    bad = run(hvdtrain("bench", "compile", "--recipes", "nosuch", "--output-dir", str(tmp_path)), timeout=60)
+    assert bad.returncode != 0 and "--recipes must be a comma-separated subset of mnist,imagenet" in bad.stderr
