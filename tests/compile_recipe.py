@@ -14,13 +14,13 @@ import numpy as np
 
 from hvdtrain import ArrayDataset, TrainConfig, Trainer
 
-WIDTH = 128
+WIDTH = 256
 
 
 @dataclass
 class BlocksConfig(TrainConfig):
     epochs: int = 2
-    batch_size: int = 32
+    batch_size: int = 64
     base_lr: float = 0.005
     precision: str = "fp32"
 
@@ -32,9 +32,9 @@ class BlocksTrainer(Trainer):
 
     def datasets(self):
         rng = np.random.default_rng(0)
-        x = rng.standard_normal((640, WIDTH)).astype(np.float32)
+        x = rng.standard_normal((1152, WIDTH)).astype(np.float32)
         y = (x[:, :10].argmax(axis=1)).astype(np.int64)
-        return ArrayDataset(x[:512], y[:512]), ArrayDataset(x[512:], y[512:])
+        return ArrayDataset(x[:1024], y[:1024]), ArrayDataset(x[1024:], y[1024:])
 
     def build_torch(self):
         import torch

@@ -49,7 +49,7 @@ def test_blocks_compiled_one_by_one_keep_the_overlap_and_the_whole_model_loses_i
     train(whole, "--compile", "--compile-blocks", "model", *AOT)
     e, b, w = first_hook(eager), first_hook(blocks), first_hook(whole)
     assert abs(b - e) <= 0.15, (e, b, w)
-    assert w > e + 0.3 and w > 0.7, (e, b, w)  # every gradient at the end of the backward pass
+    assert w > e + 0.3 and w > 0.6, (e, b, w)  # every gradient after the whole backward pass (then the hooks run)
     # the compiled model trains as the eager one, step for step (every record)
     for got in (read_metrics(str(blocks)), read_metrics(str(whole))):
         want = read_metrics(str(eager))
@@ -66,7 +66,7 @@ def test_a_checkpoint_crosses_the_switch_both_ways(eager, tmp_path):
     for first, then, name in ((["--compile", *AOT], [], "compiled-then-eager"),
                               ([], ["--compile", *AOT], "eager-then-compiled")):
         out = tmp_path / name
-        train(out, "--max-steps", "8", *first)  # 8 steps of 2 ranks x 32: epoch 1 of 512 samples
+        train(out, "--max-steps", "8", *first)  # 8 steps of 2 ranks x 64: epoch 1 of 1,024 samples
         state = checkpoint.load(checkpoint.latest_valid(str(out / "checkpoints")))
         assert all("_orig_mod" not in k for k in state["backend"]["model"]), list(state["backend"]["model"])[:3]
         resumed = train(out, *then)
