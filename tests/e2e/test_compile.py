@@ -88,3 +88,22 @@ def test_what_cannot_compile_is_refused_in_one_line_before_anything_is_written(t
         assert result.returncode == 2, describe(result)
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, describe(result)
         assert not out.exists(), "nothing is written"
+
+
+def test_a_small_resnet_compiled_trains_as_eager_with_accumulation_and_a_sharded_optimizer(tmp_path):
+    """The ImageNet recipe's ResNet-18 (8 residual blocks, BatchNorm) at 32 px on synthetic data, 20 steps at np=2,
+    with --accumulate 2 and --shard-optimizer, eager and compiled block by block: the same losses."""
+    flags = ["-m", "hvdtrain", "recipe", "imagenet", "--synthetic", "--model", "resnet18_v1b", "--image-size", "32",
+             "--num-classes", "10", "--batch-size", "4", "--accumulate", "2", "--shard-optimizer", "--epochs", "1",
+             "--warmup-epochs", "0", "--max-steps", "20", "--log-every", "5", "--precision", "fp32", "--resume",
+             "never"]
+    losses = {}
+    for name, extra in (("eager", []), ("compiled", ["--compile", *AOT])):
+        out = tmp_path / name
+        result = run(horovodrun(2, PY, *flags, "--output-dir", str(out), *extra), timeout=400)
+        assert result.returncode == 0, describe(result)
+        losses[name] = [r["train_loss"] for r in read_metrics(str(out))]
+        if extra:
+            assert "--compile: 8 region(s) (layer1.0, layer1.1" in result.output, describe(result)
+    assert len(losses["eager"]) == 1
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-3)
