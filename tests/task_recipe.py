@@ -8,6 +8,7 @@ import numpy as np
 
 from hvdtrain import ArrayDataset, TrainConfig, Trainer
 from hvdtrain.metrics import MeanSquaredError, Metric
+from recipes.regression import RegressionTrainer
 
 AUX = 0.01
 """Weight of the auxiliary loss: the mean squared prediction."""
@@ -100,13 +101,7 @@ class NoMetricsRegression(TwoInputTrainer):
     metrics = Trainer.metrics  # the defaults, as if never overridden
     step_torch = step_mxnet = None
 
-    @staticmethod
-    def loss_torch():
-        def squared_error(pred, y):  # per sample
-            return (pred.reshape(y.shape) - y) ** 2
-        return squared_error
-
-    loss_mxnet = loss_torch
+    loss_torch = loss_mxnet = staticmethod(RegressionTrainer.loss_torch)  # the squared error per sample
 
 
 @dataclass
