@@ -1,4 +1,5 @@
-"""Checkpoints that survive crashes and never execute code.
+"""The checkpoint file format: files that survive crashes and never execute code (when they are written, resumed
+from, kept as best/: ``checkpoint_policy.py``).
 
 One format for both frameworks: a nested state (dicts, lists, tuples, numbers, strings, numpy arrays) is stored as an
 ``.npz`` archive of plain arrays plus a JSON skeleton, loaded with ``allow_pickle=False`` — nothing in a checkpoint is

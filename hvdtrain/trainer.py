@@ -31,7 +31,7 @@ from . import checkpoint, guard, metrics as metric_objects, model_io, schedule
 from .backends import make_backend
 from .backends.base import Task
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
-from .checkpointer import Checkpointer, Position
+from .checkpoint_policy import Checkpointer, Position
 from .config import ConfigError, TrainConfig
 from .data import ShardSampler, Synthetic, split_batch, steps_per_epoch
 from .evaluation import Evaluator

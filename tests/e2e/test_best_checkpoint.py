@@ -60,7 +60,7 @@ def test_a_kill_between_the_checkpoint_and_its_best_copy_is_repaired_on_resume(u
     whole, records = uninterrupted
     out = tmp_path / "kill"
     killer = ("import os, signal, sys\n"
-              "import hvdtrain.checkpointer as c\n"
+              "import hvdtrain.checkpoint_policy as c\n"
               "def kill(self, path):\n"
               "    if 'ckpt-e0004' in path: os.kill(os.getpid(), signal.SIGKILL)\n"
               "    return keep(self, path)\n"

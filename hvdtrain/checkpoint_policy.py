@@ -1,4 +1,5 @@
-"""Checkpoints of a run: their format, when they are written, resume, and the initial load of ``--init-from``.
+"""The checkpoint policy of a run: when checkpoints are written, resume, best/ and branches, and the initial load of
+``--init-from``. The file format itself (atomic writes, digests, pickle-free arrays, names) is ``checkpoint.py``.
 
 One collaborator owned by the Trainer, called on every rank; rank 0 alone reads and writes files, and every decision
 it takes (resume or not, from where; the weights it loaded) reaches the other ranks before they act on it.
