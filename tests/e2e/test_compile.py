@@ -5,6 +5,7 @@ checkpoint crosses the switch both ways; what cannot work is refused in one line
 torch.compile's aot_eager backend (dynamo and AOTAutograd, no generated code) keeps these runs short; the regions
 and their backward nodes, which decide when the hooks fire, are the same with inductor."""
 import json
+import math
 import os
 import statistics
 
@@ -107,3 +108,15 @@ def test_a_small_resnet_compiled_trains_as_eager_with_accumulation_and_a_sharded
             assert "--compile: 8 region(s) (layer1.0, layer1.1" in result.output, describe(result)
     assert len(losses["eager"]) == 1
     assert losses["compiled"] == pytest.approx(losses["eager"], rel=1e-3)
+
+
+def test_compiled_regions_train_under_autocast_with_loss_scaling(tmp_path):
+    """bf16 autocast and fp16 autocast with dynamic loss scaling (a GradScaler) around the compiled regions: they
+    train to finite losses (on this CPU bf16 may be emulated and fp16 is slow: 4 steps, one rank)."""
+    for precision in ("bf16", "fp16"):
+        out = tmp_path / precision
+        result = run([*RECIPE, "--output-dir", str(out), "--compile", *AOT, "--precision", precision, "--epochs", "1",
+                      "--max-steps", "4"], timeout=300)
+        assert result.returncode == 0, describe(result)
+        record = read_metrics(str(out))[-1]
+        assert math.isfinite(record["train_loss"]) and record["global_step"] == 4, record
