@@ -19,7 +19,7 @@ WIDTH = 256
 
 @dataclass
 class BlocksConfig(TrainConfig):
-    epochs: int = 2
+    epochs: int = 3
     batch_size: int = 64
     base_lr: float = 0.005
     precision: str = "fp32"

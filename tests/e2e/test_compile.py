@@ -61,21 +61,20 @@ def test_blocks_compiled_one_by_one_keep_the_overlap_and_the_whole_model_loses_i
 
 
 def test_a_checkpoint_crosses_the_switch_both_ways(eager, tmp_path):
-    """Compiled for epoch 1, resumed eager; eager for epoch 1, resumed compiled: both end where the uninterrupted
-    eager run ends (the checkpoints hold the model's own names, never _orig_mod.)."""
+    """Compiled for epoch 1, eager for epoch 2, compiled again for epoch 3, each resuming the last one's checkpoint:
+    every record is the uninterrupted eager run's (the checkpoints hold the model's own names, never _orig_mod.)."""
     from hvdtrain import checkpoint
-    for first, then, name in ((["--compile", *AOT], [], "compiled-then-eager"),
-                              ([], ["--compile", *AOT], "eager-then-compiled")):
-        out = tmp_path / name
-        train(out, "--max-steps", "8", *first)  # 8 steps of 2 ranks x 64: epoch 1 of 1,024 samples
+    out = tmp_path / "switching"
+    for steps, extra in (("8", ["--compile", *AOT]), ("16", []), ("24", ["--compile", *AOT])):
+        result = train(out, "--max-steps", steps, *extra)  # 8 steps of 2 ranks x 64: an epoch of 1,024 samples
         state = checkpoint.load(checkpoint.latest_valid(str(out / "checkpoints")))
         assert all("_orig_mod" not in k for k in state["backend"]["model"]), list(state["backend"]["model"])[:3]
-        resumed = train(out, *then)
-        assert "resuming from" in resumed.output, describe(resumed)
-        got, want = read_metrics(str(out)), read_metrics(str(eager))
-        assert [r["epoch"] for r in got] == [1, 2]
-        for g, w in zip(got, want):
-            assert g["val_loss"] == pytest.approx(w["val_loss"], rel=CLOSE), (name, g, w)
+        assert steps == "8" or "resuming from" in result.output, describe(result)
+    got, want = read_metrics(str(out)), read_metrics(str(eager))
+    assert [r["epoch"] for r in got] == [r["epoch"] for r in want] == [1, 2, 3]
+    for g, w in zip(got, want):
+        assert g["train_loss"] == pytest.approx(w["train_loss"], rel=CLOSE), (g, w)
+        assert g["val_loss"] == pytest.approx(w["val_loss"], rel=CLOSE), (g, w)
 
 
 def test_what_cannot_compile_is_refused_in_one_line_before_anything_is_written(tmp_path):
