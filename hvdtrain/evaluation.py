@@ -22,21 +22,40 @@ class Evaluator:
         self.backend, self.val_set, self.val_sampler = backend, val_set, val_sampler
         self.metrics, self.batch_size, self.num_workers = metrics, batch_size, num_workers
         self.default_metrics = default_metrics
+        self.regression_defaults = False
         try:
             Tally(metrics)  # distinct names, none reserved, checked before any training
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def check(self) -> None:
-        """Before training: the first validation samples (the same on every rank, so every rank decides alike with
-        no collective) through ``eval_step``, the loss and every metric. A metric that cannot read the model's output
-        is a one-line ConfigError naming both shapes. Default metrics fit the target: class indices keep accuracy;
-        other targets get the mean squared and absolute errors where the output matches the target element for
-        element, the loss alone otherwise (accuracy on float targets reported 0.00%)."""
+    def _first_batch(self) -> Any:
+        """The first validation samples as a batch (the same on every rank, so every rank decides alike with no
+        collective); None without a validation set."""
         if self.val_set is None or len(self.val_set) == 0:
-            return
+            return None
         first = range(min(len(self.val_set), self.batch_size))
-        batch = next(iter(self.backend.loader(self.val_set, first, len(first), drop_last=False, num_workers=0)), None)
+        return next(iter(self.backend.loader(self.val_set, first, len(first), drop_last=False, num_workers=0)), None)
+
+    def fit_defaults(self) -> None:
+        """Default metrics fit the target, read from the first validation sample (no forward pass: the model's state
+        has not been broadcast yet): class indices keep accuracy; other targets get the mean squared and absolute
+        errors (accuracy on float targets reported 0.00%), which :meth:`check` drops for the loss alone where the
+        output does not match the target element for element."""
+        if not self.default_metrics or self.val_set is None or len(self.val_set) == 0:
+            return
+        try:
+            _, target = self.backend.task.split(self.val_set[0])
+            kind = np.asarray(target).dtype.kind
+        except Exception:  # noqa: BLE001 - items that are not arrays on the host (a device tensor): keep the defaults
+            return
+        if kind not in "iub":
+            self.metrics = [MeanSquaredError(), MeanAbsoluteError()]
+            self.regression_defaults = True
+
+    def check(self) -> None:
+        """Before training: the first validation batch through ``eval_step``, the loss and every metric. A metric
+        that cannot read the model's output is a one-line ConfigError naming both shapes."""
+        batch = self._first_batch()
         if batch is None:
             return
         try:
@@ -44,10 +63,10 @@ class Evaluator:
         except ValueError as e:
             raise ConfigError(f"the validation loss: {e} (checked on one validation batch before training)") from None
         target = np.asarray(target)
-        if self.default_metrics and target.dtype.kind not in "iub":
+        if self.regression_defaults:
             out = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-            fits = isinstance(out, np.ndarray) and out.size == target.size
-            self.metrics = [MeanSquaredError(), MeanAbsoluteError()] if fits else []
+            if not (isinstance(out, np.ndarray) and out.size == target.size):
+                self.metrics = []  # the loss alone
         try:
             Tally(self.metrics).add(outputs, target)
         except ValueError as e:

@@ -200,9 +200,7 @@ class Trainer:
             cfg = dataclasses.replace(cfg, compile_blocks=",".join(self.compile_blocks()))
         backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
                       sample_shape=self._sample_shape(self.train_set), task=task)
-        # One validation batch through the model, the loss and the metrics before any training: a metric that cannot
-        # read the model's outputs is a one-line error now, not after the first epoch; default metrics fit the target.
-        self.evaluator.check()
+        self.evaluator.fit_defaults()  # default metrics fit the target (read from the data: no forward yet)
         self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self.evaluator.goals())
                                                     if cfg.monitor else None)
         self._plan()
@@ -213,6 +211,10 @@ class Trainer:
         self.position = self.checkpointer.restore() if restore else Position()
         if cfg.init_from and self.position == Position():
             self.checkpointer.init_from(evaluating=not restore)
+        # One validation batch through the model, the loss and the metrics before any training: a metric that cannot
+        # read the model's outputs is a one-line error now, not after the first epoch. After the state's broadcast:
+        # MXNet's oneDNN forward leaves weights in a layout Horovod's broadcast cannot read.
+        self.evaluator.check()
 
     def _plan(self) -> None:
         """Steps per (whole) epoch and the global batch, for the world as it is now (again after an elastic reset)."""
