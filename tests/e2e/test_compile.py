@@ -106,9 +106,10 @@ def test_a_small_resnet_compiled_trains_as_eager_with_accumulation_and_a_sharded
         if extra:
             assert "--compile: 8 region(s) (layer1.0, layer1.1" in result.output, describe(result)
     assert len(losses["eager"]) == 1
-    # 20 steps of a BatchNorm network: the compiled kernels add in another order, and the differences grow (0.2-0.8%
-    # seen); a lost allreduce or a wrong gradient moves it by far more
-    assert losses["compiled"] == pytest.approx(losses["eager"], rel=0.02)
+    # 20 steps of a BatchNorm network: the compiled kernels add in another order and the differences grow (0.05%
+    # seen); a lost allreduce or a wrong gradient moves it by far more. (A CI run once saw 6.7%: Gloo's reduce-scatter
+    # had returned a corrupted shard, scripts/patch_horovod.py fix 8; eager runs differed from each other as much.)
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=0.01)
 
 
 def test_compiled_regions_train_under_autocast_with_loss_scaling(tmp_path):
