@@ -59,10 +59,16 @@ class TrainConfig:
     """Exponent of poly decay."""
     warmup_epochs: float = 0.0
     """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    """Optimizer: sgd (with --momentum, --nesterov) or adam."""
+    optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "sgd"
+    """Optimizer: sgd (with --momentum, --nesterov), adam (L2 weight decay added to the gradient), adamw (decoupled
+    weight decay), lars (momentum SGD with a layer-wise trust ratio) or lamb (adamw's step with a layer-wise trust
+    ratio). lars and lamb exempt biases and normalization parameters (1-d) from the ratio and the weight decay."""
     momentum: float = 0.9
-    """SGD momentum."""
+    """SGD and LARS momentum."""
+    trust_coefficient: float = 0.001
+    """LARS's eta: the trust ratio is eta x ||w|| / (||g|| + wd x ||w|| + eps)."""
+    optimizer_eps: Optional[float] = None
+    """The optimizer's epsilon (default: 1e-8 for adam and adamw, 1e-6 for lamb, 0 for lars)."""
     nesterov: bool = False
     """Use Nesterov momentum with SGD."""
     weight_decay: float = 0.0
@@ -214,6 +220,19 @@ class TrainConfig:
             raise ConfigError(f"--shard-optimizer cannot be combined with {which}: the sharded update sends every "
                               f"gradient as one reduce-scatter and keeps each rank's part of the optimizer state "
                               f"(an elastic reset or Adasum's per-parameter combination would need all of it)")
+        if self.optimizer in ("lars", "lamb") and (self.adasum or self.shard_optimizer):
+            which = "--adasum" if self.adasum else "--shard-optimizer"
+            raise ConfigError(f"--optimizer {self.optimizer} cannot be combined with {which}: its trust ratio needs the "
+                              f"norms of each whole parameter's averaged gradient"
+                              + (" (Adasum combines the ranks' updates instead)" if self.adasum else
+                                 " (a rank's shard splits parameters)") + "; use --optimizer "
+                              + ("sgd or adamw" if self.optimizer == "lars" else "adamw"))
+        if self.optimizer == "lars" and self.nesterov:
+            raise ConfigError("--nesterov is for --optimizer sgd: LARS scales plain momentum")
+        if self.trust_coefficient <= 0:
+            raise ConfigError(f"--trust-coefficient must be positive, got {self.trust_coefficient}")
+        if self.optimizer_eps is not None and self.optimizer_eps < 0:
+            raise ConfigError(f"--optimizer-eps must be 0 or more, got {self.optimizer_eps}")
         if self.predivide <= 0:
             raise ConfigError(f"--predivide must be positive, got {self.predivide}")
         if not 0 < self.lr_decay <= 1:
@@ -250,6 +269,17 @@ class TrainConfig:
             raise ConfigError(f"--init-from {self.init_from} does not exist")
         if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
+
+    def eps(self) -> float:
+        """The optimizer's epsilon: --optimizer-eps, or the optimizer's usual one."""
+        if self.optimizer_eps is not None:
+            return self.optimizer_eps
+        return {"lamb": 1e-6, "lars": 0.0}.get(self.optimizer, 1e-8)
+
+    def exempt(self, ndim: int) -> bool:
+        """Whether a parameter of ``ndim`` dimensions (a bias, a normalization weight: 1) gets no weight decay (and,
+        for lars and lamb, no trust ratio): always for lars and lamb, with --no-wd for the others."""
+        return ndim <= 1 and (self.no_wd or self.optimizer in ("lars", "lamb"))
 
     def dynamic_loss_scale(self, precision: str = "") -> bool:
         """Whether the backend scales the loss dynamically (--loss-scale, resolved against --precision, or against

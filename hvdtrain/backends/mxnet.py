@@ -200,16 +200,11 @@ class MXNetBackend(Backend):
         model.hybridize(static_alloc=True)
         if cfg.accumulate > 1:
             params.setattr("grad_req", "add")
-        if cfg.no_wd:  # biases and normalization parameters (1-d) without weight decay
-            for p in params.values():
-                if len(p.shape) <= 1:
-                    p.wd_mult = 0.0
-        multi = self.precision == "fp16"
-        if cfg.optimizer == "sgd":
-            kind = mx.optimizer.NAG if cfg.nesterov else mx.optimizer.SGD
-            opt = kind(learning_rate=cfg.base_lr, momentum=cfg.momentum, wd=cfg.weight_decay, multi_precision=multi)
-        else:
-            opt = mx.optimizer.Adam(learning_rate=cfg.base_lr, wd=cfg.weight_decay, multi_precision=multi)
+        for p in params.values():  # biases and normalization parameters (1-d) without weight decay (cfg.exempt)
+            if cfg.exempt(len(p.shape)):
+                p.wd_mult = 0.0
+        from .mxnet_optim import make_optimizer
+        opt = make_optimizer(cfg, multi_precision=self.precision == "fp16")
         self._master_at = master_position(mx, opt)  # where a float16 weight's state keeps its float32 copy
         compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         self.predivide = cfg.predivide
@@ -410,7 +405,8 @@ class MXNetBackend(Backend):
 
     def set_lr(self, lr: float) -> None:
         old = float(self.trainer.learning_rate)
-        if lr != old and old > 0 and getattr(self.trainer._optimizer, "momentum", 0):
+        opt = self.trainer._optimizer
+        if lr != old and old > 0 and getattr(opt, "lr_in_momentum", True) and getattr(opt, "momentum", 0):
             self._correct_momentum(lr / old)
         self.trainer.set_learning_rate(lr)
 

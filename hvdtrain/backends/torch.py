@@ -18,6 +18,7 @@ from ..threads import created_by
 from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
 from .torch_groups import distributed_optimizer
+from .torch_optim import make_optimizer as make_torch_optimizer, parameter_groups
 from .torch_sharded import ShardedOptimizer
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -165,25 +166,19 @@ class TorchBackend(Backend):
         self.eval_loss_fn = loss_fn or (lambda logits, y: F.cross_entropy(logits, y, reduction="none"))
         self.task = task or Task()
         self.accumulate = cfg.accumulate
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.no_wd:  # biases and normalization weights (1-d) without weight decay
-            params = [{"params": [p for p in params if p.ndim > 1]},
-                      {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        params = parameter_groups(cfg, named)
+
         def make_optimizer(groups):
-            if cfg.optimizer == "sgd":
-                return torch.optim.SGD(groups, lr=cfg.base_lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                                       weight_decay=cfg.weight_decay)
-            return torch.optim.Adam(groups, lr=cfg.base_lr, weight_decay=cfg.weight_decay)
+            return make_torch_optimizer(cfg, groups)
 
         compression = hvd.Compression.fp16 if cfg.fp16_allreduce else hvd.Compression.none
         self.sharded = cfg.shard_optimizer
         groups = 0 if self.sharded else self.allreduce_groups(cfg)
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if self.sharded:
             # Horovod: reduce-scatter, update this rank's shard, allgather (torch_sharded); accumulation sums the
             # `accumulate` backward passes locally before the one reduce-scatter.
-            self.optimizer = ShardedOptimizer(hvd, params if isinstance(params[0], dict) else [{"params": params}],
-                                              make_optimizer, compression, cfg.predivide)
+            self.optimizer = ShardedOptimizer(hvd, params, make_optimizer, compression, cfg.predivide)
         elif groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
             self.optimizer = distributed_optimizer(make_optimizer(params), named, compression, cfg.accumulate,
                                                    cfg.predivide, groups)

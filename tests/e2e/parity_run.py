@@ -12,7 +12,7 @@ rates, as under warmup and cosine decay). Written to OUT.npz, in PyTorch's names
   F.final.NAME  every parameter and running statistic after the last step
   F.logits      inference-mode logits of the evaluation batch after the last step
 ``--no-momentum-correction 1`` leaves MXNet's momentum as its optimizer keeps it. Extra ``--flag value`` pairs override the recipe's settings of one framework, for showing what a fault moves:
-``--mxnet.label_smoothing 0``.
+``--mxnet.label_smoothing 0``; ``--all.FIELD value`` sets it on both (``--all.optimizer lamb``).
 """
 import dataclasses
 import os
@@ -74,6 +74,13 @@ def run(framework: str, cfg, x, y, x_eval, lrs, mixes, start):
     return out, start
 
 
+def _number_or_text(value: str):
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 def main(argv):
     data_dir, path = argv[0], argv[1]
     lrs = [0.005, 0.01, 0.015, 0.02]
@@ -90,7 +97,9 @@ def main(argv):
             mixes = [None if v == "none" else float(v) for v in value.split(",")]
         else:
             fw, _, field = key[2:].partition(".")
-            per[fw][field] = type(RECIPE.get(field, 0))(float(value)) if field in RECIPE or field == "seed" else value
+            for name in (("torch", "mxnet") if fw == "all" else (fw,)):
+                per[name][field] = (type(RECIPE.get(field, 0))(float(value)) if field in RECIPE or field == "seed"
+                                    else _number_or_text(value))
     steps = len(lrs)
     x, y = photos(data_dir, BATCH * steps + 32)
     x_eval = x[BATCH * steps:]

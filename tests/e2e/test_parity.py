@@ -87,6 +87,26 @@ def test_the_parity_check_sees_mxnets_own_momentum_form(photos, tmp_path):
     assert got["loss"] > 100 * TIGHT and got["weights"] > 10 * TIGHT, got
 
 
+@pytest.mark.parametrize("optimizer,lrs,eps,bound", [("adamw", "0.005,0.01,0.015,0.02", "1e-3", 5e-4),
+                                                     ("lamb", "0.005,0.01,0.015,0.02", "1e-3", 5e-4),
+                                                     ("lars", "0.5,1,1.5,2", "0", TIGHT)])
+def test_the_large_batch_optimizers_take_the_same_steps_on_both_frameworks(photos, tmp_path, optimizer, lrs, eps,
+                                                                           bound):
+    """--optimizer adamw, lars and lamb through each backend's own setup: the same losses and weights after 4 steps,
+    the exempt biases and BatchNorm parameters included (the backends exempt them each their own way: PyTorch a
+    parameter group, MXNet wd_mult and the weight's rank). LARS at large rates, as it is used.
+
+    Adam's step m / (sqrt(v) + eps) is about +-lr for any gradient much larger than eps, however small: where the
+    frameworks' float32 gradients differ in their last bits near zero (the zero-initialized last gammas, dead ReLUs),
+    the steps differ by up to 2 lr. With eps 1e-8 that moved the weights 1.9e-3 apart in 4 steps; with eps 1e-3 such
+    gradients take proportional steps and the weights stay within 4e-5 (adamw) and 9e-5 (lamb), measured; bound 5e-4.
+    LARS measured 3.8e-6 (bound 1e-4); tests/unit/test_optimizers.py holds the updates to 1e-5 from equal gradients."""
+    got = compare(photos, tmp_path, "--all.optimizer", optimizer, "--all.nesterov", "0", "--all.optimizer_eps", eps,
+                  "--lrs", lrs)
+    assert got["loss"] < TIGHT and got["running_mean"] < bound, got
+    assert got["weights"] < bound, got
+
+
 def test_the_first_epoch_of_the_recipe_agrees_from_the_same_start(photos, tmp_path):
     """The whole path on 2 ranks, each framework: ImageFolder loading and augmentation, mixup, the allreduce, the
     schedule's warmup, evaluation with averaged BatchNorm statistics. Both start from the same weights (--init-from a

@@ -51,6 +51,11 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"adasum": True, "loss_scale": "dynamic"}, "--adasum cannot be combined with loss scaling"),
     ({"allreduce_groups": -2}, "--allreduce-groups must be -1 (auto), 0 or a number of groups, got -2"),
     ({"allreduce_groups": 1, "elastic": True}, "--allreduce-groups cannot be combined with --elastic"),
+    ({"optimizer": "lars", "adasum": True}, "--optimizer lars cannot be combined with --adasum: its trust ratio"),
+    ({"optimizer": "lamb", "shard_optimizer": True}, "--optimizer lamb cannot be combined with --shard-optimizer"),
+    ({"optimizer": "lars", "nesterov": True}, "--nesterov is for --optimizer sgd"),
+    ({"trust_coefficient": 0.0}, "--trust-coefficient must be positive"),
+    ({"optimizer_eps": -1.0}, "--optimizer-eps must be 0 or more"),
 ])
 def test_validate_names_the_flag(kw, fragment):
     with pytest.raises(ConfigError) as e:
@@ -121,3 +126,13 @@ def test_a_monitor_spec_other_than_key_and_direction_is_refused(spec):
         parse_overrides(TrainConfig, ["--monitor", spec]).validate()
     assert f"--monitor {spec!r}: give a record key, optionally followed by :min or :max" in str(e.value)
     parse_overrides(TrainConfig, ["--monitor", "val_loss:min"]).validate()
+
+
+def test_each_optimizer_has_its_usual_epsilon_and_exemptions():
+    eps = {name: TrainConfig(optimizer=name).eps() for name in ("adam", "adamw", "lamb", "lars")}
+    assert eps == {"adam": 1e-8, "adamw": 1e-8, "lamb": 1e-6, "lars": 0.0}
+    assert TrainConfig(optimizer="lamb", optimizer_eps=1e-9).eps() == 1e-9
+    # biases and normalization weights: exempt under lars and lamb always, otherwise with --no-wd
+    assert TrainConfig(optimizer="lars").exempt(1) and TrainConfig(optimizer="lamb").exempt(1)
+    assert not TrainConfig(optimizer="adamw").exempt(1) and TrainConfig(optimizer="adamw", no_wd=True).exempt(1)
+    assert not TrainConfig(optimizer="lars").exempt(2)
