@@ -57,6 +57,8 @@ class TrainConfig:
     """Factor applied at each step-decay milestone."""
     lr_power: float = 2.0
     """Exponent of poly decay."""
+    lr_end: float = 0.0
+    """The rate cosine and poly decay reach at the last step (MLPerf's ResNet-50 references: poly, power 2, 1e-4)."""
     warmup_epochs: float = 0.0
     """Epochs of gradual linear warmup from base_lr to the scaled rate (Goyal et al. 2017), updated every step."""
     optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "sgd"
@@ -229,6 +231,9 @@ class TrainConfig:
                               + ("sgd or adamw" if self.optimizer == "lars" else "adamw"))
         if self.optimizer == "lars" and self.nesterov:
             raise ConfigError("--nesterov is for --optimizer sgd: LARS scales plain momentum")
+        if self.lr_end < 0 or (self.lr_end and self.lr_mode not in ("cosine", "poly")):
+            raise ConfigError(f"--lr-end is the rate --lr-mode cosine or poly decays to (0 or more); got {self.lr_end} "
+                              f"with --lr-mode {self.lr_mode}")
         if self.trust_coefficient <= 0:
             raise ConfigError(f"--trust-coefficient must be positive, got {self.trust_coefficient}")
         if self.optimizer_eps is not None and self.optimizer_eps < 0:

@@ -40,10 +40,15 @@ def decay_factor(epoch: float, total_epochs: float, mode: str, milestones: Seque
 
 def learning_rate(epoch: float, *, base_lr: float, world_size: int, accumulate: int = 1,
                   warmup_epochs: float = 0.0, total_epochs: float = 1.0, mode: str = "step",
-                  milestones: Sequence[int] = (), decay: float = 0.1, power: float = 2.0) -> float:
-    """The rate at fractional ``epoch`` (e.g. step / steps_per_epoch): warmup, then decay of the scaled rate."""
+                  milestones: Sequence[int] = (), decay: float = 0.1, power: float = 2.0, end: float = 0.0) -> float:
+    """The rate at fractional ``epoch`` (e.g. step / steps_per_epoch): warmup, then decay of the scaled rate; cosine
+    and poly decay towards ``end`` instead of 0: ``end + (scaled - end) * factor``, MLPerf's polynomial decay
+    (power 2, end 1e-4 in its ResNet-50 references)."""
     scale = world_size * accumulate
     if warmup_epochs > 0 and epoch < warmup_epochs:
         return base_lr * warmup_factor(epoch, warmup_epochs, scale)
-    return scaled_lr(base_lr, world_size, accumulate) * decay_factor(
-        epoch, total_epochs, mode, milestones, decay, power, warmup_epochs)
+    target = scaled_lr(base_lr, world_size, accumulate)
+    factor = decay_factor(epoch, total_epochs, mode, milestones, decay, power, warmup_epochs)
+    if mode in ("cosine", "poly") and end:
+        return end + (target - end) * factor
+    return target * factor

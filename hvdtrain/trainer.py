@@ -395,7 +395,7 @@ class Trainer:
         return schedule.learning_rate(
             epoch, base_lr=cfg.base_lr, world_size=self.backend.lr_workers(cfg), accumulate=cfg.accumulate,
             warmup_epochs=cfg.warmup_epochs, total_epochs=cfg.epochs, mode=cfg.lr_mode,
-            milestones=cfg.lr_milestones, decay=cfg.lr_decay, power=cfg.lr_power)
+            milestones=cfg.lr_milestones, decay=cfg.lr_decay, power=cfg.lr_power, end=cfg.lr_end)
 
     # --- the model outside training: eval and export (hvdtrain.model_io) -------------------------------------------
     def run_eval(self) -> Dict[str, Any]:

@@ -55,6 +55,7 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"optimizer": "lamb", "shard_optimizer": True}, "--optimizer lamb cannot be combined with --shard-optimizer"),
     ({"optimizer": "lars", "nesterov": True}, "--nesterov is for --optimizer sgd"),
     ({"trust_coefficient": 0.0}, "--trust-coefficient must be positive"),
+    ({"lr_end": 1e-4}, "--lr-end is the rate --lr-mode cosine or poly decays to"),
     ({"optimizer_eps": -1.0}, "--optimizer-eps must be 0 or more"),
 ])
 def test_validate_names_the_flag(kw, fragment):

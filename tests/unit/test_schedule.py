@@ -52,3 +52,16 @@ def test_no_warmup_means_scaled_rate_from_the_first_step():
 def test_unknown_mode_is_an_error():
     with pytest.raises(ValueError):
         decay_factor(1, 10, "exponential")
+
+
+def test_poly_with_an_end_rate_is_mlperfs_polynomial_decay():
+    """MLPerf's ResNet-50 references (LARS): after warmup, lr = end + (peak - end) (1 - (step - warmup) / (total -
+    warmup))^2 with end 1e-4; 8 workers of base 1.0 peak at 8."""
+    total, warmup, peak, end = 40.0, 5.0, 8.0, 1e-4
+    for epoch in (5.0, 10.0, 22.5, 39.0, 40.0):
+        want = end + (peak - end) * (1 - (epoch - warmup) / (total - warmup)) ** 2
+        got = learning_rate(epoch, base_lr=1.0, world_size=8, warmup_epochs=warmup, total_epochs=total, mode="poly",
+                            power=2.0, end=end)
+        assert got == pytest.approx(want, rel=1e-12), epoch
+    assert learning_rate(40.0, base_lr=1.0, world_size=8, total_epochs=40.0, mode="cosine", end=end) == \
+        pytest.approx(end)
