@@ -22,6 +22,7 @@ CASES = {
     "accumulate-2": dict(momentum=0.9, weight_decay=1e-3, accumulate=2, batch_size=8),
     "loss-scale": dict(momentum=0.9, loss_scale="dynamic", nan_step=4),
     "adam-predivide": dict(optimizer="adam", base_lr=0.01, weight_decay=1e-3, predivide=2.0),
+    "adamw-nowd": dict(optimizer="adamw", base_lr=0.01, weight_decay=0.05, no_wd=True),
 }
 
 
