@@ -132,7 +132,7 @@ def parameter_groups(cfg, named: List[Any]) -> List[Dict[str, Any]]:
     """The trainable parameters in one group, or two when some are exempt (cfg.exempt: biases and normalization
     weights under --no-wd, always under lars and lamb)."""
     params = [p for _, p in named]
-    if not cfg.exempt(1):  # (two groups whenever exemption applies, even when one is empty: checkpoints keep their shape)
+    if not cfg.exempt(1):  # (two groups whenever exemption applies, even an empty one: checkpoints keep their shape)
         return [{"params": params}]
     return [{"params": [p for p in params if not cfg.exempt(p.ndim)]},
             {"params": [p for p in params if cfg.exempt(p.ndim)], "exempt": True}]

@@ -20,22 +20,42 @@ from .costmodel import Compute, Link, efficiency, horovod_step, ps_step, rate_bi
 from .profile import MODELS, measure
 from .runner import write
 
+# Published global batches up to which ImageNet ResNet-50 kept its accuracy (top-1 within about a point of the
+# small-batch baseline in the same number of epochs): momentum SGD with linear scaling and warmup to 8K (Goyal et al.
+# 2017, 76.3% at 256 and 76.2% at 8K, lost beyond it), LARS to 32K (You et al. 2017). hvdtrain's own measurement of
+# this limit on its recipes is issue 48's study (docs/convergence.md), not yet made.
+KEPT_ACCURACY = (("sgd", 8192, "Goyal et al. 2017"), ("lars", 32768, "You et al. 2017"))
+
+
+def accuracy_limit(global_batch: int) -> str:
+    """'' up to 8K; past it, which published recipe still kept accuracy at this batch ('lars'), or 'none'."""
+    kept = [name for name, limit, _ in KEPT_ACCURACY if global_batch <= limit]
+    return "" if "sgd" in kept else (kept[0] if kept else "none")
+
+
 def project(compute: Compute, batch_size: int, img_per_sec: float, hosts: List[int], per_host: int, net: Link,
-            local: Link, cycle_time: float, threshold: float, hierarchical: bool) -> List[Dict]:
+            local: Link, cycle_time: float, threshold: float, hierarchical: bool, epochs: float = 90.0,
+            dataset_images: int = 1281167) -> List[Dict]:
     """Rows of projected img/s and efficiency per host count: Horovod, PS with 1 server, PS with a server per
-    host."""
+    host; with the global batch, its steps per epoch and each arm's hours to ``epochs`` epochs of
+    ``dataset_images`` (the global batch grows with the ranks, so the steps per epoch fall)."""
     step = compute.scaled(batch_size / img_per_sec)
     rows = []
     for h in hosts:
         ranks = h * per_host
-        row: Dict = {"hosts": h, "ranks": ranks}
+        global_batch = ranks * batch_size
+        row: Dict = {"hosts": h, "ranks": ranks, "global_batch": global_batch,
+                     "steps_per_epoch": -(-dataset_images // global_batch),
+                     "accuracy_past_published_limit": accuracy_limit(global_batch)}
         arms = {"horovod": horovod_step(step, h, per_host, net, local, cycle_time, threshold, hierarchical),
                 "ps 1 server": ps_step(step, h, per_host, 1, net),
                 "ps server per host": ps_step(step, h, per_host, h, net)}
         for arm, res in arms.items():
-            row[arm] = {"step_seconds": res["seconds"], "images_per_sec": ranks * batch_size / res["seconds"],
+            ips = global_batch / res["seconds"]
+            row[arm] = {"step_seconds": res["seconds"], "images_per_sec": ips,
                         "efficiency": efficiency(step.seconds, res["seconds"]),
-                        "exposed_communication_seconds": res["exposed_communication"]}
+                        "exposed_communication_seconds": res["exposed_communication"],
+                        "hours_to_epochs": epochs * dataset_images / ips / 3600}
         rows.append(row)
     return rows
 
@@ -96,8 +116,11 @@ def run(args) -> int:
     net = Link.from_rate(rate_bits(args.link, "--link"), args.alpha_us * 1e-6)
     local = Link.from_rate(rate_bits(args.local_link, "--local-link"), args.local_alpha_us * 1e-6)
     compute = measure(args.model, grad_bytes=args.grad_bytes)
+    if args.epochs <= 0 or args.dataset_images < 1:
+        raise ConfigError("--epochs and --dataset-images must be positive")
     rows = project(compute, args.batch_size, args.img_per_sec_per_gpu, hosts, args.ranks_per_host, net, local,
-                   args.cycle_time_ms * 1e-3, args.fusion_mb * 2 ** 20, args.hierarchical)
+                   args.cycle_time_ms * 1e-3, args.fusion_mb * 2 ** 20, args.hierarchical, args.epochs,
+                   args.dataset_images)
     result = {"benchmark": "project", "model": args.model, "model_description": MODELS[args.model][0],
               "gradient_mb": compute.gradient_bytes / 1e6, "tensors": len(compute.gradients),
               "img_per_sec_per_gpu": args.img_per_sec_per_gpu, "batch_size": args.batch_size,
@@ -106,14 +129,25 @@ def run(args) -> int:
               "cycle_time_ms": args.cycle_time_ms, "fusion_mb": args.fusion_mb, "grad_bytes": args.grad_bytes,
               "profile_measured_here": {"forward": compute.forward, "backward": compute.backward,
                                         "update": compute.update},
+              "epochs": args.epochs, "dataset_images": args.dataset_images,
+              "published_accuracy_limits": [{"optimizer": n, "global_batch": b, "source": src}
+                                            for n, b, src in KEPT_ACCURACY],
               "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print(f"project: {result['model_description']}: {len(compute.gradients)} gradient tensors, "
           f"{result['gradient_mb']:.1f} MB per step; {args.img_per_sec_per_gpu:g} img/s per GPU at batch "
           f"{args.batch_size}; links {args.link}, {args.ranks_per_host} rank(s) per host")
-    print(f"{'hosts':>5} {'ranks':>6}  " + "  ".join(f"{arm + ' img/s (eff)':>28}" for arm in ARMS))
+    marks = {"": "", "lars": " *", "none": " **"}
+    print(f"{'hosts':>5} {'ranks':>6} {'batch':>9}  " + "  ".join(f"{arm + ' img/s (eff)':>28}" for arm in ARMS)
+          + f"  {'horovod: ' + format(args.epochs, 'g') + ' epochs':>18}")
     for row in rows:
-        print(f"{row['hosts']:>5} {row['ranks']:>6}  " + "  ".join(
-            f"{row[arm]['images_per_sec']:>20,.0f} ({100 * row[arm]['efficiency']:>3.0f}%)" for arm in ARMS))
+        print(f"{row['hosts']:>5} {row['ranks']:>6} {row['global_batch']:>9,}  " + "  ".join(
+            f"{row[arm]['images_per_sec']:>20,.0f} ({100 * row[arm]['efficiency']:>3.0f}%)" for arm in ARMS)
+            + f"  {row['horovod']['hours_to_epochs']:>16.2f} h" + marks[row["accuracy_past_published_limit"]])
+    if any(row["accuracy_past_published_limit"] for row in rows):
+        print("  *  global batch past 8K: momentum SGD with linear scaling lost ImageNet accuracy there (Goyal et al. "
+              "2017); LARS kept it to 32K (You et al. 2017): --optimizer lars")
+        if any(row["accuracy_past_published_limit"] == "none" for row in rows):
+            print("  ** past 32K: no published recipe here kept the accuracy; fewer ranks or a smaller --batch-size")
     write(args.output_dir, "project", result, lambda path: plot(result, path))
     return 0
 
@@ -134,4 +168,6 @@ def add_parser(sub) -> None:
     p.add_argument("--cycle-time-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME")
     p.add_argument("--fusion-mb", type=float, default=128.0, help="HOROVOD_FUSION_THRESHOLD in MiB")
     p.add_argument("--grad-bytes", type=int, default=4, choices=[2, 4], help="bytes per gradient value")
+    p.add_argument("--epochs", type=float, default=90.0, help="epochs to time (ImageNet ResNet-50: 90)")
+    p.add_argument("--dataset-images", type=int, default=1281167, help="images per epoch (ImageNet: 1,281,167)")
     p.add_argument("--output-dir", default="runs/bench")

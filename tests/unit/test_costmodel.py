@@ -103,6 +103,17 @@ def test_projection_rows():
             assert 0 < row[arm]["efficiency"] <= 1.0 + 1e-9
             assert row[arm]["images_per_sec"] == pytest.approx(row["ranks"] * 64 / row[arm]["step_seconds"])
     assert rows[-1]["ps 1 server"]["efficiency"] < rows[-1]["ps server per host"]["efficiency"]
+    # the global batch grows with the ranks: fewer steps per epoch, and hours to 90 epochs from the rate
+    assert [r["global_batch"] for r in rows] == [256, 512, 2048]
+    assert [r["steps_per_epoch"] for r in rows] == [5005, 2503, 626]
+    for row in rows:
+        assert row["horovod"]["hours_to_epochs"] == pytest.approx(90 * 1281167 / row["horovod"]["images_per_sec"]
+                                                                  / 3600)
+    assert all(r["accuracy_past_published_limit"] == "" for r in rows)
+    big = project(compute, 256, 1000.0, [4, 8], 8, net, local, 1e-3, 128 * 2 ** 20, False)
+    assert [r["accuracy_past_published_limit"] for r in big] == ["", "lars"]  # 8K, then 16K: within LARS's 32K only
+    assert project(compute, 512, 1000.0, [16], 8, net, local, 1e-3, 128 * 2 ** 20,
+                   False)[0]["accuracy_past_published_limit"] == "none"  # 64K
     with pytest.raises(ConfigError, match="--hosts"):
         parse_hosts("0,2")
 
@@ -188,7 +199,8 @@ def test_project_writes_its_table_json_and_chart(tmp_path):
     assert one["horovod"]["efficiency"] > four["horovod"]["efficiency"] > 0
     assert four["ps 1 server"]["efficiency"] < four["ps server per host"]["efficiency"]
     assert (tmp_path / "project.png").read_bytes()[:4] == b"\x89PNG"
-    assert "hosts  ranks" in result.stdout, describe(result)
+    assert "hosts  ranks     batch" in result.stdout and "90 epochs" in result.stdout, describe(result)
+    assert [r["global_batch"] for r in data["rows"]] == [64, 256] and data["epochs"] == 90
 
 
 def test_a_hosts_cpu_bounds_the_step_when_compute_and_collectives_share_it():
