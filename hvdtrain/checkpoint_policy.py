@@ -7,7 +7,7 @@ it takes (resume or not, from where; the weights it loaded) reaches the other ra
 The format: ``hvdtrain.checkpoint`` files (arrays plus a JSON skeleton, never a pickle) holding::
 
     {"trainer": {"epoch", "offset", "global_step", "train_sums", "train_steps", "recipe", "framework", "world_size",
-                 "config", "monitor"},
+                 "config", "monitor", "tracking"},
      "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...})}
 
 ``epoch`` epochs are complete, plus the first ``offset`` samples of the next one's order (a checkpoint inside an
@@ -56,6 +56,10 @@ class Checkpointer:
         self.cfg, self.backend, self.recipe, self.reporter = cfg, backend, recipe, reporter
         self.monitor = monitor
         """--monitor's :class:`~hvdtrain.monitor.Monitor` (None without): its state rides in every checkpoint."""
+        self.tracking: Optional[Dict[str, Any]] = None
+        """--track's state (the MLflow run's id), set by rank 0's tracker: it rides in every checkpoint."""
+        self.resumed_tracking: Optional[Dict[str, Any]] = None
+        """The resumed checkpoint's tracking state (None: a new run)."""
 
     @property
     def directory(self) -> str:
@@ -69,7 +73,7 @@ class Checkpointer:
         state = {"trainer": {"epoch": at.epoch, "offset": at.offset, "global_step": at.global_step,
                              "train_sums": at.train_sums, "train_steps": at.train_steps, "recipe": self.recipe, "framework": self.backend.name,
                              "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),
-                             "monitor": self.monitor.state() if self.monitor else None},
+                             "monitor": self.monitor.state() if self.monitor else None, "tracking": self.tracking},
                  "backend": self.backend.state_dict()}
         bad = [name for name, value in state["backend"]["model"].items()
                if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all()]
@@ -171,6 +175,8 @@ class Checkpointer:
                                          error=checkpoint.CheckpointError)
         if info is None:
             return Position()
+        # (kept in later checkpoints even by a run without --track: a later resume with it continues the run)
+        self.resumed_tracking = self.tracking = info.get("tracking")
         if self.monitor is not None:
             self.monitor.load(info.get("monitor"))
             if self.backend.rank == 0:
@@ -207,7 +213,8 @@ class Checkpointer:
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
-        return {**Position.from_dict(meta).as_dict(), "path": path, "monitor": meta.get("monitor")}
+        return {**Position.from_dict(meta).as_dict(), "path": path, "monitor": meta.get("monitor"),
+                "tracking": meta.get("tracking")}
 
     def _set_aside_future_of(self, path: str) -> None:
         """--resume PATH from a checkpoint older than this run's newest: the run branches there. The checkpoints after

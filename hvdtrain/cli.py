@@ -46,6 +46,7 @@ commands:
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
+  report --mlflow URI                the runs of an MLflow store (--track mlflow)
   bench {benchmarks} [options]
                                      side-by-side benchmarks (JSON + PNG); bench -h lists them
 

@@ -135,6 +135,14 @@ class TrainConfig:
     """Data loader worker processes per rank (0: load in the training process)."""
     output_dir: str = ""
     """Where rank 0 writes config.json, metrics.jsonl, checkpoints/ and tensorboard/ (default runs/RECIPE-FRAMEWORK)."""
+    track: Literal["none", "mlflow"] = "none"
+    """Track the run in MLflow (rank 0 logs params, tags, every record's metrics, and config.json, metrics.jsonl
+    and best/ as artifacts; a resume continues the run; an unreachable store never stops training)."""
+    track_uri: str = ""
+    """MLflow tracking URI for --track mlflow (default: MLFLOW_TRACKING_URI, else sqlite:///PARENT/mlflow.db beside
+    --output-dir)."""
+    track_experiment: str = ""
+    """MLflow experiment for --track mlflow (default: the recipe's name)."""
     resume: str = "auto"
     """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path."""
     init_from: str = ""
@@ -231,6 +239,13 @@ class TrainConfig:
                               + ("sgd or adamw" if self.optimizer == "lars" else "adamw"))
         if self.optimizer == "lars" and self.nesterov:
             raise ConfigError("--nesterov is for --optimizer sgd: LARS scales plain momentum")
+        if (self.track_uri or self.track_experiment) and self.track != "mlflow":
+            raise ConfigError("--track-uri and --track-experiment need --track mlflow")
+        if self.track == "mlflow":
+            import importlib.util
+            if importlib.util.find_spec("mlflow") is None:
+                raise ConfigError("--track mlflow needs MLflow in this environment: pip install 'hvdtrain[track]' "
+                                  "(make install does)")
         if self.lr_end < 0 or (self.lr_end and self.lr_mode not in ("cosine", "poly")):
             raise ConfigError(f"--lr-end is the rate --lr-mode cosine or poly decays to (0 or more); got {self.lr_end} "
                               f"with --lr-mode {self.lr_mode}")

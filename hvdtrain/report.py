@@ -206,9 +206,23 @@ def _speed(record: Dict[str, Any]) -> float:
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain report",
                                      description="Summarize a job's output directory (finished or running).")
-    parser.add_argument("output_dir", help="the job's --output-dir")
+    parser.add_argument("output_dir", nargs="?", default="", help="the job's --output-dir")
     parser.add_argument("--png", default="", help="where to draw the chart (default OUTPUT_DIR/report.png)")
+    parser.add_argument("--mlflow", default="", metavar="URI",
+                        help="list the runs of an MLflow store instead (--track mlflow's, e.g. sqlite:///runs/mlflow.db)")
     args = parser.parse_args(argv)
+    if args.mlflow:
+        from .tracking import list_runs
+        try:
+            lines = list_runs(args.mlflow)
+        except ImportError:
+            raise ConfigError("report --mlflow needs MLflow: pip install 'hvdtrain[track]'") from None
+        except Exception as e:  # noqa: BLE001 - an unreachable or malformed store: one line
+            raise ConfigError(f"report --mlflow {args.mlflow}: {' '.join(str(e).split())[:300]}") from None
+        print("\n".join(lines) if lines else f"no runs in {args.mlflow}")
+        return 0
+    if not args.output_dir:
+        raise ConfigError("report: pass a job's --output-dir (or --mlflow URI)")
     print(render_text(args.output_dir))
     png = plot(args.output_dir, args.png or os.path.join(args.output_dir, "report.png"))
     if png:

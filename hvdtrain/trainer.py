@@ -454,5 +454,30 @@ class Trainer:
     def _callbacks(self) -> List[Callback]:
         out = self.cfg.output_dir
         os.makedirs(out, exist_ok=True)
+        tracking = [self._tracker()] if self.cfg.track == "mlflow" else []
         return [ProgressLogger(), MetricsFile(os.path.join(out, "metrics.jsonl")),
-                TensorBoard(os.path.join(out, "tensorboard"))] + self.extra_callbacks
+                TensorBoard(os.path.join(out, "tensorboard"))] + tracking + self.extra_callbacks
+
+    def _tracker(self):
+        """--track mlflow (rank 0): its run id rides in the checkpoints, so a resume continues the run."""
+        from . import __version__
+        from .tracking import MlflowTracker, default_uri
+        cfg, b = self.cfg, self.backend
+        uri = cfg.track_uri or default_uri(cfg.output_dir)
+        tags = {"recipe": self.name, "framework": b.name, "world_size": str(b.size), "precision": cfg.precision,
+                "hvdtrain_version": __version__, "horovod_version": _version("horovod"),
+                "framework_version": _version("torch" if b.name == "torch" else "mxnet"), "device": str(b.device)}
+
+        def started(state):
+            self.checkpointer.tracking = state  # every later checkpoint keeps the run's id
+
+        return MlflowTracker(uri, cfg.track_experiment or self.name, tags, cfg.output_dir,
+                             resumed=self.checkpointer.resumed_tracking, started=started)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
