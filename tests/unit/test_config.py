@@ -57,6 +57,7 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"trust_coefficient": 0.0}, "--trust-coefficient must be positive"),
     ({"lr_end": 1e-4}, "--lr-end is the rate --lr-mode cosine or poly decays to"),
     ({"optimizer_eps": -1.0}, "--optimizer-eps must be 0 or more"),
+    ({"track_uri": "sqlite:///x.db"}, "--track-uri and --track-experiment need --track mlflow"),
 ])
 def test_validate_names_the_flag(kw, fragment):
     with pytest.raises(ConfigError) as e:
