@@ -39,8 +39,8 @@ class _Optimizer(mx.optimizer.Optimizer):
         return g, self._get_lr(index), self._get_wd(index), self._index_update_count[index]
 
 
-class AdamW(_Optimizer):
-    """torch.optim.AdamW: w = w (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)."""
+class _Adam(_Optimizer):
+    """The moments and Adam's bias-corrected step, m_hat / (sqrt(v_hat) + eps), that AdamW and LAMB share."""
 
     def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-8, **kwargs):
         super().__init__(**kwargs)
@@ -50,13 +50,20 @@ class AdamW(_Optimizer):
         return (nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
                 nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
 
-    def update(self, index, weight, grad, state):
+    def _adam_step(self, index, grad, state):
         g, lr, wd, t = self._gradient(index, grad)
         mean, var = state
         b1, b2 = self.beta1, self.beta2
         mean[:] = b1 * mean + (1 - b1) * g
         var[:] = b2 * var + (1 - b2) * g * g
-        step = (mean / (1 - b1 ** t)) / (nd.sqrt(var / (1 - b2 ** t)) + self.epsilon)
+        return (mean / (1 - b1 ** t)) / (nd.sqrt(var / (1 - b2 ** t)) + self.epsilon), lr, wd
+
+
+class AdamW(_Adam):
+    """torch.optim.AdamW: w = w (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)."""
+
+    def update(self, index, weight, grad, state):
+        step, lr, wd = self._adam_step(index, grad, state)
         weight[:] = weight * (1 - lr * wd) - lr * step
 
 
@@ -80,25 +87,15 @@ class LARS(_Optimizer):
         weight[:] = weight - lr * state
 
 
-class LAMB(_Optimizer):
+class LAMB(_Adam):
     """Adam's bias-corrected step plus decoupled decay, times ||w|| / ||step|| (torch_optim.LAMB); 1-d parameters take
     Adam's step alone."""
 
-    def __init__(self, beta1=0.9, beta2=0.999, epsilon=1e-6, **kwargs):
-        super().__init__(**kwargs)
-        self.beta1, self.beta2, self.epsilon = beta1, beta2, epsilon
-
-    def create_state(self, index, weight):
-        return (nd.zeros(weight.shape, weight.context, dtype=weight.dtype),
-                nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
+    def __init__(self, epsilon=1e-6, **kwargs):
+        super().__init__(epsilon=epsilon, **kwargs)
 
     def update(self, index, weight, grad, state):
-        g, lr, wd, t = self._gradient(index, grad)
-        mean, var = state
-        b1, b2 = self.beta1, self.beta2
-        mean[:] = b1 * mean + (1 - b1) * g
-        var[:] = b2 * var + (1 - b2) * g * g
-        step = (mean / (1 - b1 ** t)) / (nd.sqrt(var / (1 - b2 ** t)) + self.epsilon)
+        step, lr, wd = self._adam_step(index, grad, state)
         if wd:
             step = step + wd * weight
         if weight.ndim > 1:

@@ -34,77 +34,79 @@ def _ratios(numerators: List[torch.Tensor], denominators: List[torch.Tensor], sc
     return out
 
 
-class LARS(torch.optim.Optimizer):
+class _LayerwiseOptimizer(torch.optim.Optimizer):
+    """step(): each group's parameters that have a gradient, to the subclass's ``_update(group, params)``."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
+        return loss
+
+    def _update(self, group, params):
+        raise NotImplementedError
+
+
+class LARS(_LayerwiseOptimizer):
     def __init__(self, params, lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 0.0, eta: float = 0.001,
                  eps: float = 0.0, trust: bool = True):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta, eps=eps,
                                       trust=trust))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            grads = [p.grad for p in params]
-            wd = group["weight_decay"]
-            steps = torch._foreach_add(grads, params, alpha=wd) if wd else [g.clone() for g in grads]
-            if group["trust"]:
-                torch._foreach_mul_(steps, _ratios(torch._foreach_norm(params), torch._foreach_norm(grads),
-                                                   group["eta"], wd, group["eps"]))
-            bufs = []
-            for p, d in zip(params, steps):
-                state = self.state[p]
-                if "momentum_buffer" not in state:  # the first step: the buffer is the step (torch.optim.SGD's way)
-                    state["momentum_buffer"] = d
-                else:
-                    state["momentum_buffer"].mul_(group["momentum"]).add_(d)
-                bufs.append(state["momentum_buffer"])
-            torch._foreach_add_(params, bufs, alpha=-group["lr"])
-        return loss
+    def _update(self, group, params):
+        grads = [p.grad for p in params]
+        wd = group["weight_decay"]
+        steps = torch._foreach_add(grads, params, alpha=wd) if wd else [g.clone() for g in grads]
+        if group["trust"]:
+            torch._foreach_mul_(steps, _ratios(torch._foreach_norm(params), torch._foreach_norm(grads),
+                                               group["eta"], wd, group["eps"]))
+        bufs = []
+        for p, d in zip(params, steps):
+            state = self.state[p]
+            if "momentum_buffer" not in state:  # the first step: the buffer is the step (torch.optim.SGD's way)
+                state["momentum_buffer"] = d
+            else:
+                state["momentum_buffer"].mul_(group["momentum"]).add_(d)
+            bufs.append(state["momentum_buffer"])
+        torch._foreach_add_(params, bufs, alpha=-group["lr"])
 
 
-class LAMB(torch.optim.Optimizer):
+class LAMB(_LayerwiseOptimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0,
                  trust: bool = True):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, trust=trust))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            b1, b2 = group["betas"]
-            means, variances = [], []
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                means.append(state["exp_avg"])
-                variances.append(state["exp_avg_sq"])
-            t = float(self.state[params[0]]["step"])  # every parameter of a group steps together
-            grads = [p.grad for p in params]
-            torch._foreach_lerp_(means, grads, 1 - b1)
-            torch._foreach_mul_(variances, b2)
-            torch._foreach_addcmul_(variances, grads, grads, value=1 - b2)
-            denominators = torch._foreach_div(variances, 1 - b2 ** t)
-            torch._foreach_sqrt_(denominators)
-            torch._foreach_add_(denominators, group["eps"])
-            updates = torch._foreach_div(means, 1 - b1 ** t)
-            torch._foreach_div_(updates, denominators)
-            if group["weight_decay"]:
-                torch._foreach_add_(updates, params, alpha=group["weight_decay"])
-            if group["trust"]:
-                torch._foreach_mul_(updates, _ratios(torch._foreach_norm(params), torch._foreach_norm(updates),
-                                                     1.0, 0.0, 0.0))
-            torch._foreach_add_(params, updates, alpha=-group["lr"])
-        return loss
+    def _update(self, group, params):
+        b1, b2 = group["betas"]
+        means, variances = [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            means.append(state["exp_avg"])
+            variances.append(state["exp_avg_sq"])
+        t = float(self.state[params[0]]["step"])  # every parameter of a group steps together
+        grads = [p.grad for p in params]
+        torch._foreach_lerp_(means, grads, 1 - b1)
+        torch._foreach_mul_(variances, b2)
+        torch._foreach_addcmul_(variances, grads, grads, value=1 - b2)
+        denominators = torch._foreach_div(variances, 1 - b2 ** t)
+        torch._foreach_sqrt_(denominators)
+        torch._foreach_add_(denominators, group["eps"])
+        updates = torch._foreach_div(means, 1 - b1 ** t)
+        torch._foreach_div_(updates, denominators)
+        if group["weight_decay"]:
+            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
+        if group["trust"]:
+            torch._foreach_mul_(updates, _ratios(torch._foreach_norm(params), torch._foreach_norm(updates),
+                                                 1.0, 0.0, 0.0))
+        torch._foreach_add_(params, updates, alpha=-group["lr"])
 
 
 def make_optimizer(cfg, groups: List[Dict[str, Any]]) -> torch.optim.Optimizer:
