@@ -1,5 +1,5 @@
 """adamw, lars and lamb on MXNet: the updates of hvdtrain.backends.torch_optim (and of torch.optim.AdamW), written
-with NDArray operations so that both frameworks take the same step (tests/unit/test_optimizers.py).
+with NDArray operations so that both frameworks take the same step (tests/unit/test_optimizer_updates.py).
 
 MXNet 1.9.1 ships LARS and LAMB, but their definitions are not these under Gluon:
 - mx.optimizer.LARS exempts parameters by name (a name ending in gamma, beta or bias), and Gluon's Trainer gives the

@@ -1,6 +1,6 @@
 """The optimizers of ``--optimizer`` on PyTorch: sgd, adam and adamw are torch.optim's own; lars and lamb are here
 (torch has neither). hvdtrain.backends.mxnet_optim writes the same updates for MXNet, and
-tests/unit/test_optimizers.py holds the two to the same weights.
+tests/unit/test_optimizer_updates.py holds the two to the same weights.
 
 LARS (You et al. 2017), on PyTorch's momentum convention (the learning rate outside the buffer)::
 

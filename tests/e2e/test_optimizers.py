@@ -2,7 +2,7 @@
 tiny recipe's blobs; lamb stopped mid-epoch and resumed equals the uninterrupted run, every record and the last
 checkpoint's bits (its moments and step counts are restored); a combination that cannot work is refused in one line
 before Horovod starts. The updates themselves are held to each other and to the papers in
-tests/unit/test_optimizers.py and through the ImageNet recipe's ResNet in tests/e2e/test_parity.py."""
+tests/unit/test_optimizer_updates.py and through the ImageNet recipe's ResNet in tests/e2e/test_parity.py."""
 import pytest
 
 from tests.e2e.conftest import read_metrics

@@ -100,7 +100,7 @@ def test_the_large_batch_optimizers_take_the_same_steps_on_both_frameworks(photo
     frameworks' float32 gradients differ in their last bits near zero (the zero-initialized last gammas, dead ReLUs),
     the steps differ by up to 2 lr. With eps 1e-8 that moved the weights 1.9e-3 apart in 4 steps; with eps 1e-3 such
     gradients take proportional steps and the weights stay within 4e-5 (adamw) and 9e-5 (lamb), measured; bound 5e-4.
-    LARS measured 3.8e-6 (bound 1e-4); tests/unit/test_optimizers.py holds the updates to 1e-5 from equal gradients."""
+    LARS measured 3.8e-6 (bound 1e-4); tests/unit/test_optimizer_updates.py holds the updates to 1e-5 from equal gradients."""
     got = compare(photos, tmp_path, "--all.optimizer", optimizer, "--all.nesterov", "0", "--all.optimizer_eps", eps,
                   "--lrs", lrs)
     assert got["loss"] < TIGHT and got["running_mean"] < bound, got
