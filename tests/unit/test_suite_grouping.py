@@ -27,3 +27,16 @@ def test_files_and_the_machine_wide_tests_each_run_in_one_worker(tmp_path):
     assert all(len(w) == 1 for w in workers.values()), workers
     machine = {(f, t) for _, f, t, g in ran if g == "machine"}
     assert ("test_mixed", "test_marked") in machine and len(machine) == 7, machine
+
+
+def test_no_two_test_files_share_a_name():
+    """pytest imports test files by their basename (the directories are not packages): a second test_x.py in another
+    directory fails the whole run at collection ("import file mismatch"), as tests/e2e/test_optimizers.py did."""
+    import collections
+    import os
+    seen = collections.defaultdict(list)
+    for folder, _, files in os.walk(os.path.join(ROOT, "tests")):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                seen[name].append(os.path.relpath(folder, ROOT))
+    assert not {name: where for name, where in seen.items() if len(where) > 1}
