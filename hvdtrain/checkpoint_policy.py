@@ -60,6 +60,8 @@ class Checkpointer:
         """--track's state (the MLflow run's id), set by rank 0's tracker: it rides in every checkpoint."""
         self.resumed_tracking: Optional[Dict[str, Any]] = None
         """The resumed checkpoint's tracking state (None: a new run)."""
+        self.tracking_ready: Optional[Callable[[], None]] = None
+        """Rank 0: waits until :attr:`tracking` is known (the tracker opens its run on a thread of its own)."""
 
     @property
     def directory(self) -> str:
@@ -70,6 +72,8 @@ class Checkpointer:
         """Rank 0: write a checkpoint of position ``at`` atomically and keep the newest K. Returns its path ("" when
         a parameter is not finite and nothing was written)."""
         self.reporter.progress(at.global_step, "checkpoint")
+        if self.tracking_ready is not None:
+            self.tracking_ready()
         state = {"trainer": {"epoch": at.epoch, "offset": at.offset, "global_step": at.global_step,
                              "train_sums": at.train_sums, "train_steps": at.train_steps, "recipe": self.recipe, "framework": self.backend.name,
                              "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),

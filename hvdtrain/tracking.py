@@ -17,7 +17,8 @@ output directory: ``sqlite:///PARENT/mlflow.db`` with artifacts in ``PARENT/mlar
 --backend-store-uri sqlite:///PARENT/mlflow.db`` opens it). The run's id rides in every checkpoint, so a resumed job
 continues its MLflow run; ``--resume never`` starts a new one.
 
-The training thread only queues: one thread of rank 0 talks to MLflow. When the store cannot be reached (at the
+The training thread only queues; one thread of rank 0 talks to MLflow, its start included (a checkpoint waits for
+the run to be open, so that it names it). When the store cannot be reached (at the
 start, or mid-run), one warning says so, training goes on, the records stay in metrics.jsonl, and the end of the run
 says how many were not logged. MLflow's HTTP client would retry a dead server for minutes: its retries and timeout
 are lowered here unless the user set them.
@@ -29,6 +30,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from .callbacks import Callback
@@ -37,6 +39,7 @@ NOT_NUMBERS = ("epoch_seconds",)
 PARAM_LIMIT = 6000  # MLflow's longest param value
 BATCH = 100  # MLflow's most params (and a comfortable number of metrics) per log_batch call
 JOIN_SECONDS = 60.0  # what the end of the run waits for the queue to drain
+OPEN_SECONDS = 30.0  # what a checkpoint waits for the run to be open
 
 
 def default_uri(output_dir: str) -> str:
@@ -95,29 +98,31 @@ class MlflowTracker(Callback):
         self.client = None
         self.failed: Optional[str] = None  # the first error; nothing is sent after it
         self.unlogged = 0  # records (and step figures) that did not reach MLflow
+        self._opened = threading.Event()  # the run is open (or its opening failed)
         self._queue: "queue.Queue[Optional[Tuple[str, Any]]]" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
 
     def state(self) -> Optional[Dict[str, Any]]:
         return {"mlflow_run_id": self.run_id, "uri": self.uri} if self.run_id else None
 
-    # --- the training thread: start synchronously (the run id goes into checkpoints), then only queue ------------
+    # --- the training thread only queues; even the start (importing MLflow, creating a SQLite store's tables: 3-5 s
+    # here) runs on the tracker's thread, since every other rank would wait for rank 0 at the first allreduce ------
     def on_train_start(self, trainer, start_epoch):
         _quiet_http()
         path = os.path.join(self.output_dir, "config.json")  # the resolved configuration (report.announce)
         if os.path.exists(path):
             with open(path) as f:
                 self.config = json.load(f)
-        try:
-            self._open(start_epoch)
-        except Exception as e:  # noqa: BLE001 - any failure of the store: training goes on without it
-            self._fail(e, "at the start")
-            return
-        finally:
-            if self.started is not None:
-                self.started(self.state())
+        self._queue.put(("open", start_epoch))
         self._thread = threading.Thread(target=self._drain, name="hvdtrain-mlflow", daemon=True)
         self._thread.start()
+
+    def wait_opened(self, seconds: float = OPEN_SECONDS) -> None:
+        """Before a checkpoint: the run's id must be in it (a job stopped within its first seconds would otherwise
+        resume into a new run). Waits at most ``seconds``, then goes on without it."""
+        if self._thread is not None and not self._opened.wait(seconds):
+            print(f"hvdtrain: warning: mlflow: the run is not open after {seconds:.0f} s; this checkpoint does not "
+                  f"name it", file=sys.stderr, flush=True)
 
     def on_log(self, trainer, global_step, metrics):
         self._put("metrics", ({f"step/{k}": float(v) for k, v in metrics.items()}, global_step))
@@ -129,9 +134,6 @@ class MlflowTracker(Callback):
                               int(record.get("global_step", 0))))
 
     def on_train_end(self, trainer, last):
-        if self.run_id is None:
-            self._summary()
-            return
         self._put("end", "FINISHED")  # (a failed job never gets here: its run stays RUNNING, and a resume continues it)
         self._queue.put(None)
         if self._thread is not None:
@@ -141,7 +143,7 @@ class MlflowTracker(Callback):
         self._summary()
 
     def _put(self, kind: str, payload: Any) -> None:
-        if self.run_id is None or self.failed:
+        if self._thread is None or self.failed:
             self.unlogged += kind == "metrics"
             return
         self._queue.put((kind, payload))
@@ -175,8 +177,6 @@ class MlflowTracker(Callback):
               flush=True)
 
     def _drain(self) -> None:
-        import time
-        from mlflow.entities import Metric
         while True:
             item = self._queue.get()
             if item is None:
@@ -186,7 +186,15 @@ class MlflowTracker(Callback):
                 self.unlogged += kind == "metrics"
                 continue
             try:
-                if kind == "metrics":
+                if kind == "open":
+                    try:
+                        self._open(payload)
+                    finally:  # the run's id (or None) into the checkpoints from now on
+                        if self.started is not None:
+                            self.started(self.state())
+                        self._opened.set()
+                elif kind == "metrics":
+                    from mlflow.entities import Metric
                     values, step = payload
                     stamp = int(time.time() * 1000)
                     metrics = [Metric(k, v, stamp, step) for k, v in values.items()]
@@ -203,7 +211,7 @@ class MlflowTracker(Callback):
                     self.client.set_terminated(self.run_id, status=payload)
             except Exception as e:  # noqa: BLE001 - the store went away: say it once, keep training
                 self.unlogged += kind == "metrics"
-                self._fail(e, "mid-run")
+                self._fail(e, "at the start" if kind == "open" else "mid-run")
 
     def _fail(self, error: BaseException, when: str) -> None:
         if self.failed:

@@ -471,8 +471,10 @@ class Trainer:
         def started(state):
             self.checkpointer.tracking = state  # every later checkpoint keeps the run's id
 
-        return MlflowTracker(uri, cfg.track_experiment or self.name, tags, cfg.output_dir,
-                             resumed=self.checkpointer.resumed_tracking, started=started)
+        tracker = MlflowTracker(uri, cfg.track_experiment or self.name, tags, cfg.output_dir,
+                                resumed=self.checkpointer.resumed_tracking, started=started)
+        self.checkpointer.tracking_ready = tracker.wait_opened
+        return tracker
 
 
 def _version(package: str) -> str:

@@ -30,6 +30,8 @@ def runs_of(uri):
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("tiny")  # the recipe's name (beside MLflow's "Default")
+    if experiment is None:  # (not yet: the tracker opens its run on a thread of its own)
+        return client, []
     return client, client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
 
 
