@@ -71,12 +71,14 @@ def test_a_live_background_thread_is_counted_as_horovods():
 
 
 def test_other_python_threads_are_python_and_per_step_follows_the_roles():
-    stop = threading.Event()
-    t = threading.Thread(target=lambda: (_burn(0.3), stop.wait()), name="hvdtrain-heartbeat-0")
+    burnt, stop = threading.Event(), threading.Event()
+    # a fixed amount of the thread's own CPU, then alive and idle: waited for by event, not by a sleep (on a loaded
+    # machine the thread had burnt 0.09 s of its 0.3 s after half a second)
+    t = threading.Thread(target=lambda: (_burn(0.3), burnt.set(), stop.wait()), name="hvdtrain-heartbeat-0")
     meter = threads.ThreadCpu()
     meter.start()
     t.start()
-    time.sleep(0.5)
+    burnt.wait()
     seconds = meter.stop()
     stop.set()
     t.join()
