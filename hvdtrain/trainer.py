@@ -469,7 +469,8 @@ class Trainer:
                 "framework_version": _version("torch" if b.name == "torch" else "mxnet"), "device": str(b.device)}
 
         def started(state):
-            self.checkpointer.tracking = state  # every later checkpoint keeps the run's id
+            if state:  # every later checkpoint keeps the run's id (a failed open keeps the resumed one)
+                self.checkpointer.tracking = state
 
         tracker = MlflowTracker(uri, cfg.track_experiment or self.name, tags, cfg.output_dir,
                                 resumed=self.checkpointer.resumed_tracking, started=started)
