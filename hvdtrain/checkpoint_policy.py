@@ -62,6 +62,10 @@ class Checkpointer:
         """The resumed checkpoint's tracking state (None: a new run)."""
         self.tracking_ready: Optional[Callable[[], None]] = None
         """Rank 0: waits until :attr:`tracking` is known (the tracker opens its run on a thread of its own)."""
+        self.output_url = ""
+        """--output-dir when it is a URL (``cfg.output_dir`` is its staging copy)."""
+        self.written: Optional[Callable[[], Any]] = None
+        """Rank 0: called after each checkpoint write (a URL --output-dir pushes the staging copy there)."""
 
     @property
     def directory(self) -> str:
@@ -96,6 +100,8 @@ class Checkpointer:
             path = self.save(at)
             if path and best:
                 self._keep_as_best(path)
+            if path and self.written is not None:
+                self.written()
 
     @property
     def best_directory(self) -> str:
@@ -199,9 +205,12 @@ class Checkpointer:
         if cfg.resume == "never":
             self._set_aside_previous_run()
             return None
-        path = (checkpoint.latest_valid(self.directory, warn=lambda m: print(f"hvdtrain: warning: {m}",
-                                                                            file=sys.stderr))
-                if cfg.resume == "auto" else cfg.resume)
+        try:
+            path = (checkpoint.latest_valid(self.directory, warn=lambda m: print(f"hvdtrain: warning: {m}",
+                                                                                file=sys.stderr))
+                    if cfg.resume == "auto" else self._local(cfg.resume))
+        except ConfigError as e:
+            return {"error": str(e)}
         if path is None:
             return None
         if cfg.resume != "auto":
@@ -219,6 +228,16 @@ class Checkpointer:
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
         return {**Position.from_dict(meta).as_dict(), "path": path, "monitor": meta.get("monitor"),
                 "tracking": meta.get("tracking")}
+
+    def _local(self, path: str) -> str:
+        """--resume PATH as a local file: a URL inside this job's --output-dir URL is its staging copy (pulled at
+        the start); another URL is fetched (:func:`hvdtrain.remote.localize`)."""
+        from . import remote
+        if not remote.is_url(path):
+            return path
+        if self.output_url and path.startswith(self.output_url + "/"):
+            return os.path.join(self.cfg.output_dir, *path[len(self.output_url) + 1:].split("/"))
+        return remote.localize(path, "--resume")
 
     def _set_aside_future_of(self, path: str) -> None:
         """--resume PATH from a checkpoint older than this run's newest: the run branches there. The checkpoints after

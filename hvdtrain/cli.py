@@ -91,7 +91,7 @@ def cmd_recipe(argv: List[str]) -> int:
     # An orderly stop of Horovod (and of MXNet's queued ops) before the interpreter tears libraries down.
     trainer.backend.shutdown()
     if trainer.backend.rank == 0:
-        metrics = os.path.join(trainer.cfg.output_dir, "metrics.jsonl")
+        metrics = trainer.output_location.rstrip("/") + "/metrics.jsonl"
         figures = {k: v for k, v in (record or {}).items() if k.startswith("val_") and k != "val_loss"}
         if record is not None and record.get("val_accuracy") is not None:
             print(f"hvdtrain: done: val_accuracy {100 * record['val_accuracy']:.2f}% after epoch "
@@ -184,7 +184,9 @@ def cmd_export(argv: List[str]) -> int:
     cfg = parse_overrides(cls.config_class, rest, base=base)
     cfg = dataclasses.replace(cfg, resume="never", init_from="", elastic=False)
     if not output:
-        stem = _run_dir(info) or os.path.splitext(os.path.abspath(info.get("path", source)))[0]
+        # beside the run or checkpoint; a URL's export goes under runs/ here (its fetched copy is a cache)
+        stem = (os.path.join("runs", cls.name) if "://" in source else
+                _run_dir(info) or os.path.splitext(os.path.abspath(info.get("path", source)))[0])
         output = os.path.join(stem, (f"export-{fmt}-{cfg.framework}" if fmt == "native" else "export-onnx")
                               + _from_best(info))
     from .weights import WeightsError
@@ -212,7 +214,7 @@ def cmd_eval(argv: List[str]) -> int:
     precision = base.precision if base.precision == "fp32" else "auto"
     cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision=precision))
     if not output:
-        output = (os.path.join(_run_dir(info), "eval" + _from_best(info)) if _run_dir(info)
+        output = (os.path.join(_run_dir(info), "eval" + _from_best(info)) if _run_dir(info) and "://" not in source
                   else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
     cfg = dataclasses.replace(cfg, init_from=source, output_dir=output, elastic=False, resume="never")
     trainer = cls(cfg)

@@ -134,7 +134,9 @@ class TrainConfig:
     num_workers: int = 0
     """Data loader worker processes per rank (0: load in the training process)."""
     output_dir: str = ""
-    """Where rank 0 writes config.json, metrics.jsonl, checkpoints/ and tensorboard/ (default runs/RECIPE-FRAMEWORK)."""
+    """Where rank 0 writes config.json, metrics.jsonl, checkpoints/ and tensorboard/ (default runs/RECIPE-FRAMEWORK):
+    a directory, or a URL (s3://bucket/prefix, any fsspec protocol installed) that a local staging copy is pushed to
+    after every checkpoint (HVDTRAIN_STAGING, default ~/.cache/hvdtrain/outputs)."""
     track: Literal["none", "mlflow"] = "none"
     """Track the run in MLflow (rank 0 logs params, tags, every record's metrics, and config.json, metrics.jsonl
     and best/ as artifacts; a resume continues the run; an unreachable store never stops training)."""
@@ -144,12 +146,13 @@ class TrainConfig:
     track_experiment: str = ""
     """MLflow experiment for --track mlflow (default: the recipe's name)."""
     resume: str = "auto"
-    """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path."""
+    """auto: continue from the newest valid checkpoint in --output-dir; never: start fresh; or a checkpoint path
+    or URL."""
     init_from: str = ""
     """Start from these weights instead of random ones (a fresh run only: a checkpoint to resume from wins): an
     hvdtrain run directory, checkpoint or export of either framework, a PyTorch state dict (.pt/.pth) or a Gluon
-    .params file (GluonCV's model zoo). A classifier of another class count starts fresh; optimizer state starts
-    fresh."""
+    .params file (GluonCV's model zoo), at a path or a URL. A classifier of another class count starts fresh;
+    optimizer state starts fresh."""
     keep_checkpoints: int = 3
     """How many of the newest checkpoints to keep."""
     checkpoint_every_steps: int = 0
@@ -285,9 +288,10 @@ class TrainConfig:
             # overflowed would skip that step (and its collectives) while the others run it: a hang.
             raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
                               "dynamic): use --precision bf16 or fp32 with --adasum")
-        if self.init_from and not os.path.exists(self.init_from):
+        # A URL (s3://...) is checked against its store before Horovod starts (Trainer.check), not here.
+        if self.init_from and "://" not in self.init_from and not os.path.exists(self.init_from):
             raise ConfigError(f"--init-from {self.init_from} does not exist")
-        if self.resume not in ("auto", "never") and not os.path.isfile(self.resume):
+        if self.resume not in ("auto", "never") and "://" not in self.resume and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
 
     def eps(self) -> float:

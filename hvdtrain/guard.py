@@ -22,7 +22,7 @@ import os
 import sys
 import socket
 import time
-from typing import IO, Mapping, Optional, Tuple
+from typing import IO, Callable, Mapping, Optional, Tuple
 
 from .config import ConfigError
 
@@ -137,16 +137,24 @@ def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) ->
 __all__ = ["declared_world_size", "check_world_size", "lock_output_dir", "live_heartbeat", "LOCK_NAME", "LEASE_SECONDS"]
 
 
-def take_output_dir(backend, output_dir: str, collective: bool = True) -> Optional[IO]:
+def take_output_dir(backend, output_dir: str, collective: bool = True, url: str = "",
+                    taken: Optional[Callable[[], None]] = None) -> Optional[IO]:
     """Rank 0 locks ``output_dir`` for this job (:func:`lock_output_dir`) and every rank stops on a refusal with the
     same one-line error (``backend.root_decides``); with ``collective`` False (elastic mode) rank 0 alone decides
-    and raises: a worker joining the job must run no collective the others do not. The lock on rank 0, else None."""
+    and raises: a worker joining the job must run no collective the others do not. With ``url`` (``output_dir`` is
+    its staging copy) rank 0 then calls ``taken()``, which takes the URL's lease and pulls it; its ConfigError is the
+    refusal. The lock on rank 0, else None."""
     held = []
 
     def take():
         try:
             held.append(lock_output_dir(output_dir))
+            if url and taken is not None:
+                taken()
         except ConfigError as e:
+            for handle in held:
+                handle.close()
+            held.clear()
             return {"error": str(e)}
     backend.root_decides(take, collective=collective)
     return held[0] if held else None

@@ -30,7 +30,7 @@ def run_eval(trainer) -> Dict[str, Any]:
                 json.dump(out, f, indent=2)
             from .callbacks import format_figures
             print(f"hvdtrain: eval: {format_figures(metrics)} over {out['count']} samples on {out['world_size']} worker(s); "
-                  f"{cfg.output_dir}/eval.json", flush=True)
+                  f"{trainer.output_location}/eval.json", flush=True)
         return out
     return trainer.guarded(work)
 

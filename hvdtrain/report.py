@@ -38,7 +38,7 @@ def announce(trainer, steps: int) -> None:
           f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
           + f" = {trainer.global_batch}; lr {cfg.base_lr:g} -> {target:g}; "
           + (f"optimizer sharded over {b.size} ranks; " if cfg.shard_optimizer else "")
-          + f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {cfg.output_dir}", flush=True)
+          + f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {trainer.output_location}", flush=True)
     print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "
           f"phase", flush=True)
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint, guard, metrics as metric_objects, model_io, schedule
+from . import checkpoint, guard, metrics as metric_objects, model_io, remote, schedule
 from .backends import make_backend
 from .backends.base import Task
 from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
@@ -70,6 +71,13 @@ class Trainer:
             cfg = dataclasses.replace(cfg, **overrides)
         if not cfg.output_dir:
             cfg = dataclasses.replace(cfg, output_dir=os.path.join("runs", f"{self.name}-{cfg.framework}"))
+        self.output_url = ""
+        """--output-dir when it is a URL (cfg.output_dir is then its local staging copy: :mod:`hvdtrain.remote`)."""
+        if remote.is_url(cfg.output_dir):
+            self.output_url = cfg.output_dir.rstrip("/")
+            cfg = dataclasses.replace(cfg, output_dir=remote.staging_dir(self.output_url))
+        self.remote: Optional[remote.RemoteOutput] = None
+        """Rank 0 of a job with a URL --output-dir: the URL and its staging copy."""
         cfg.validate()
         self.cfg = cfg
         self.extra_callbacks = list(callbacks or [])
@@ -144,6 +152,9 @@ class Trainer:
                 raise failure from e
             raise
         finally:
+            if self.remote is not None:  # the last push (of a failed run too), and the URL is free at once
+                self.push(final=True)
+                self.remote.release()
             if self.reporter is not None:
                 self.reporter.stop()
             if getattr(self, "_output_lock", None) is not None:
@@ -166,6 +177,9 @@ class Trainer:
         ``restore``), else start from --init-from's weights if given."""
         cfg = self.cfg
         self.check()
+        for what, url in (("--output-dir", self.output_url), ("--init-from", cfg.init_from), ("--resume", cfg.resume)):
+            if remote.is_url(url):  # the store answers, with credentials, and the bucket exists: before Horovod
+                remote.check(url, what, exists=what != "--output-dir")
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
         # From here on the configuration says the precision the run computes in (--precision auto resolved).
@@ -174,13 +188,16 @@ class Trainer:
         # Before anything is written: a world the launcher did not start, or an output directory a live job holds.
         if not cfg.elastic:  # elastic worlds change size by design
             guard.check_world_size(backend.size, backend.mpi_built())
-        self._output_lock = guard.take_output_dir(backend, cfg.output_dir, collective=not cfg.elastic)
+        self._output_lock = guard.take_output_dir(backend, cfg.output_dir, collective=not cfg.elastic,
+                                                  url=self.output_url, taken=self._took_url)
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
             self.reporter.forget_ranks_from(backend.size)
         self.reporter.start()
         self.checkpointer = Checkpointer(cfg, backend, self.name, self.reporter)
+        self.checkpointer.output_url = self.output_url
+        self.checkpointer.written = self.push
         self.health = Health(backend, cfg.max_bad_steps, self.checkpointer.directory)
         # Per-phase step times: the backend marks its phases on its timer, which tells the heartbeat too.
         self.phases = backend.phases.configure(cfg.profile_steps, self.reporter.enter)
@@ -216,6 +233,44 @@ class Trainer:
         # MXNet's oneDNN forward leaves weights in a layout Horovod's broadcast cannot read.
         self.evaluator.check()
 
+    def _took_url(self) -> None:
+        """Rank 0, once the staging directory is locked: take the URL's lease and pull what it holds."""
+        self.remote = remote.RemoteOutput(self.output_url, self.cfg.output_dir)
+        try:
+            self.remote.take()
+            fetched = self.remote.pull()
+        except ConfigError:
+            self.remote = None
+            raise
+        except Exception as e:  # noqa: BLE001 - the store's error, as the one-line refusal of every rank
+            self.remote.release()
+            self.remote = None
+            raise ConfigError(f"--output-dir {remote.describe_error(self.output_url, e)}") from None
+        print(f"hvdtrain: --output-dir {self.output_url}: staged in {self.cfg.output_dir} ({fetched} file(s) "
+              f"fetched); pushed after every checkpoint", flush=True)
+
+    def push(self, final: bool = False) -> None:
+        """Rank 0 of a job with a URL --output-dir: the URL gets the staging directory's new files (and loses the
+        pruned ones). A store that fails is named in a warning and tried again at the next push: the files stay in
+        the staging directory and nothing stops training."""
+        if self.remote is None:
+            return
+        try:
+            count = self.remote.push()
+            if final:
+                print(f"hvdtrain: {self.output_url} holds the run ({self.remote.uploaded} upload(s), "
+                      f"{self.remote.push_seconds:.1f}s)", flush=True)
+            return count
+        except Exception as e:  # noqa: BLE001 - the store's error in one line; training goes on
+            print(f"hvdtrain: warning: pushing to {self.output_url} failed ({remote.describe_error(self.output_url, e)})"
+                  + ("; the run's files are in " + self.cfg.output_dir if final else "; tried again at the next "
+                     "checkpoint"), file=sys.stderr, flush=True)
+
+    @property
+    def output_location(self) -> str:
+        """Where the run's outputs are for a user: the URL, else the directory."""
+        return self.output_url or self.cfg.output_dir
+
     def _plan(self) -> None:
         """Steps per (whole) epoch and the global batch, for the world as it is now (again after an elastic reset)."""
         per_rank = self.cfg.batch_size * self.cfg.accumulate
@@ -230,6 +285,7 @@ class Trainer:
             announce(self, self.steps)
         for cb in self.callbacks:
             cb.on_train_start(self, self.position.epoch)
+        self.push()  # config.json at the URL from the start
         if is_root and self.position.epoch >= cfg.epochs:
             print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
                   f"(raise --epochs, or pass --resume never to start over)", flush=True)

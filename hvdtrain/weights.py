@@ -179,8 +179,14 @@ def read(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     Reads an hvdtrain run directory (its newest valid checkpoint), an hvdtrain checkpoint (``.npz``), an
     ``hvdtrain export`` directory or its ``model.json``, a PyTorch state dict (``.pt``/``.pth``/``.bin``, torch's
     weights-only loader) and a Gluon ``save_parameters`` / GluonCV model-zoo file (``.params``). Nothing is unpickled
-    beyond torch's weights-only loader.
+    beyond torch's weights-only loader. A URL (s3://...) is fetched first (:func:`hvdtrain.remote.localize`).
     """
+    from . import remote
+    from .config import ConfigError
+    try:
+        path = remote.localize(path)
+    except ConfigError as e:
+        raise WeightsError(str(e)) from None
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "model.json")):
             path = os.path.join(path, "model.json")
