@@ -19,7 +19,8 @@ URL a copy of it:
 The job-ownership guard of a local directory (``guard.lock_output_dir``) becomes a lease: an object
 ``.hvdtrain.lease`` naming the job (host, pid, a random token), renewed every :data:`RENEW_SECONDS` by rank 0 and
 marked done at the end. A second job aimed at the URL while a lease younger than :data:`LEASE_SECONDS` is not done is
-refused with its holder; a job killed without ending holds the URL until its lease ages. Two jobs that start within
+refused with its holder; a job killed without ending holds the URL until its lease ages, unless the next job runs
+on the host the killed one ran on, which sees that its process is gone. Two jobs that start within
 the same second can both pass the check: each writes its token and reads it back after a pause, and the one that
 reads another's token refuses itself. Clocks of the hosts are compared (the lease's own time): keep them in sync.
 """
@@ -207,6 +208,19 @@ def pull(fs, root: str, local: str) -> int:
     return fetched
 
 
+def _dead_here(lease: Dict[str, Any]) -> bool:
+    """True when the lease's holder ran on this host and its process is gone (a kill): no need to wait."""
+    if lease.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(lease.get("pid", 0)), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError, TypeError):
+        return False
+    return int(lease.get("pid", 0)) <= 0
+
+
 class RemoteOutput:
     """The URL of a job's output directory and its local staging copy (see the module docstring). Rank 0 only."""
 
@@ -254,7 +268,8 @@ class RemoteOutput:
         lease = self._read_lease()
         refusal = (f"--output-dir {self.url} is in use by a running job ({{}}): wait for it, stop it, or choose "
                    f"another --output-dir (a job killed without ending holds it for {LEASE_SECONDS:.0f}s)")
-        if lease and not lease.get("done") and time.time() - float(lease.get("renewed", 0)) < LEASE_SECONDS:
+        if (lease and not lease.get("done") and time.time() - float(lease.get("renewed", 0)) < LEASE_SECONDS
+                and not _dead_here(lease)):
             raise ConfigError(refusal.format(self._describe(lease)))
         self._write_lease()
         time.sleep(pause)  # another job that read no lease when this one did has written its own by now

@@ -156,6 +156,18 @@ def test_the_lease_refuses_a_second_job_until_the_first_ends_or_its_lease_ages(u
     fs.pipe_file(root + "/" + remote.LEASE_NAME, json.dumps({**lease, "renewed": time.time() - 61}).encode())
     third.take(pause=0)
     third.release()
+    # a fresh lease of a process gone from this host (a kill) is free at once; of another host, it is not
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    fs.pipe_file(root + "/" + remote.LEASE_NAME, json.dumps({**lease, "pid": int(gone.stdout), "done": False,
+                                                             "renewed": time.time()}).encode())
+    third.take(pause=0)
+    third.release()
+    fs.pipe_file(root + "/" + remote.LEASE_NAME, json.dumps({**lease, "host": "elsewhere", "pid": int(gone.stdout),
+                                                             "done": False, "renewed": time.time()}).encode())
+    with pytest.raises(ConfigError, match="host elsewhere"):
+        third.take(pause=0)
 
 
 def test_a_job_that_loses_the_race_for_the_lease_refuses_itself(url, tmp_path):
