@@ -288,7 +288,10 @@ class TrainConfig:
             # overflowed would skip that step (and its collectives) while the others run it: a hang.
             raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
                               "dynamic): use --precision bf16 or fp32 with --adasum")
-        # A URL (s3://...) is checked against its store before Horovod starts (Trainer.check), not here.
+        if self.elastic and "://" in self.output_dir:
+            raise ConfigError("--elastic cannot write to a URL --output-dir yet (after a reset the new rank 0 would "
+                              "hold neither the lease nor the staging copy): use a shared directory")
+        # A URL (s3://...) is checked against its store before Horovod starts (Trainer.setup), not here.
         if self.init_from and "://" not in self.init_from and not os.path.exists(self.init_from):
             raise ConfigError(f"--init-from {self.init_from} does not exist")
         if self.resume not in ("auto", "never") and "://" not in self.resume and not os.path.isfile(self.resume):

@@ -2,7 +2,8 @@
 
 Reads config.json, metrics.jsonl, heartbeats/, errors/, autotune.csv and timeline.json; prints the epochs, accuracy,
 throughput, where the step time goes and which rank is slow, and draws loss, accuracy and img/s per epoch
-(report.png). Needs no framework and no Horovod: it runs on a laptop over a copied output directory.
+(report.png). Needs no framework and no Horovod: it runs on a laptop over a copied output directory, or
+reads a URL's (``--output-dir s3://...``).
 """
 from __future__ import annotations
 
@@ -223,8 +224,10 @@ def main(argv: List[str]) -> int:
         return 0
     if not args.output_dir:
         raise ConfigError("report: pass a job's --output-dir (or --mlflow URI)")
-    print(render_text(args.output_dir))
-    png = plot(args.output_dir, args.png or os.path.join(args.output_dir, "report.png"))
+    from .remote import localize
+    local = localize(args.output_dir, "report")  # a URL's files are fetched; the chart then goes to ./report.png
+    print(render_text(local).replace(local, args.output_dir, 1))
+    png = plot(local, args.png or (os.path.join(local, "report.png") if local == args.output_dir else "report.png"))
     if png:
         print(f"\n  chart: {png}")
     return 0

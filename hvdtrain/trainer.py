@@ -71,6 +71,7 @@ class Trainer:
             cfg = dataclasses.replace(cfg, **overrides)
         if not cfg.output_dir:
             cfg = dataclasses.replace(cfg, output_dir=os.path.join("runs", f"{self.name}-{cfg.framework}"))
+        cfg.validate()
         self.output_url = ""
         """--output-dir when it is a URL (cfg.output_dir is then its local staging copy: :mod:`hvdtrain.remote`)."""
         if remote.is_url(cfg.output_dir):
@@ -78,7 +79,6 @@ class Trainer:
             cfg = dataclasses.replace(cfg, output_dir=remote.staging_dir(self.output_url))
         self.remote: Optional[remote.RemoteOutput] = None
         """Rank 0 of a job with a URL --output-dir: the URL and its staging copy."""
-        cfg.validate()
         self.cfg = cfg
         self.extra_callbacks = list(callbacks or [])
         self.backend = None

@@ -133,6 +133,10 @@ def test_a_job_killed_between_a_checkpoint_and_its_digest_resumes_from_the_url(s
                         str(tmp_path / "export")], timeout=120, HVDTRAIN_STAGING=str(tmp_path / "host-c"))
         assert exported.returncode == 0, describe(exported)
         assert json.loads((tmp_path / "export" / "model.json").read_text())["epoch"] == 3
+        reported = run([PY, "-m", "hvdtrain", "report", url], timeout=120, cwd=str(tmp_path),
+                       HVDTRAIN_STAGING=str(tmp_path / "host-c"))
+        assert reported.returncode == 0 and f"hvdtrain report: {url}" in reported.stdout, describe(reported)
+        assert (tmp_path / "report.png").exists(), describe(reported)
 
 
 def test_bad_urls_missing_credentials_and_buckets_and_a_held_url_are_refused_before_horovod(store, tmp_path):
@@ -144,6 +148,9 @@ def test_bad_urls_missing_credentials_and_buckets_and_a_held_url_are_refused_bef
         result = run(cmd + ["--output-dir", url], timeout=120, HVDTRAIN_STAGING=str(tmp_path / "s"), **extra)
         assert result.returncode == 2 and message in result.stderr, (url, describe(result))
         assert len(result.stderr.strip().splitlines()) == 1, describe(result)
+    elastic = run(cmd + ["--elastic", "--output-dir", "s3://hvdtrain-test/job"], timeout=120)
+    assert elastic.returncode == 2 and "--elastic cannot write to a URL --output-dir" in elastic.stderr, \
+        describe(elastic)
     resume = run(cmd + ["--output-dir", str(tmp_path / "x"), "--resume", "s3://hvdtrain-test/none/ckpt.npz"],
                  timeout=120)
     assert resume.returncode == 2 and "--resume s3://hvdtrain-test/none/ckpt.npz does not exist" in resume.stderr, \
