@@ -399,25 +399,40 @@ class Backend(abc.ABC):
         return None
 
     def check_replicas(self, when: str) -> None:
-        """Horovod: every worker must hold the same weights and loss scale (one allgather of a CRC-32 of them);
-        raises naming the ranks that differ from rank 0, and rank 0 says in one line that they agree."""
-        params = self.parameters_numpy()
-        crc = 0
-        for name in sorted(params):
-            crc = zlib.crc32(np.ascontiguousarray(params[name]).tobytes(), crc)
+        """Horovod: every worker must hold the same weights, optimizer state (momentum, Adam's moments and step
+        counts) and loss scale (one allgather of a CRC-32 of them); raises naming the ranks that differ from rank 0,
+        and rank 0 says in one line that they agree."""
+        state = self.state_dict()
+        crc = _crc_tree({"model": state["model"], "optimizer": state.get("optimizer")})
         scale = self.loss_scale()
         if scale is not None:
             crc = zlib.crc32(np.float64(scale).tobytes(), crc)
         rows = self.allgather_floats([float(crc)])
         differ = [rank for rank, row in enumerate(rows) if row[0] != rows[0][0]]
         if differ:
-            raise RuntimeError(f"{when}, rank(s) {', '.join(map(str, differ))} hold other weights or another loss "
-                               f"scale than rank 0")
+            raise RuntimeError(f"{when}, rank(s) {', '.join(map(str, differ))} hold other weights, optimizer "
+                               f"state or another loss scale than rank 0")
         if self.rank == 0:
-            print(f"hvdtrain: {when}: {len(rows)} worker(s) hold the same weights"
+            print(f"hvdtrain: {when}: {len(rows)} worker(s) hold the same weights, optimizer state"
                   + (f" and loss scale {scale:g}" if scale is not None else "") + f" (crc32 {int(crc):08x})",
                   flush=True)
 
     def parameters_numpy(self) -> Dict[str, Any]:
         """Model parameters as numpy arrays by name (for checks and tests)."""
         return self.state_dict()["model"]
+
+
+def _crc_tree(tree: Any, crc: int = 0) -> int:
+    """CRC-32 of a nested state (dicts by sorted key, lists, arrays, numbers, strings): the same on every rank
+    exactly when the states are equal."""
+    if isinstance(tree, dict):
+        for key in sorted(tree, key=str):
+            crc = _crc_tree(tree[key], zlib.crc32(str(key).encode(), crc))
+        return crc
+    if isinstance(tree, (list, tuple)):
+        for item in tree:
+            crc = _crc_tree(item, crc)
+        return crc
+    if isinstance(tree, np.ndarray):
+        return zlib.crc32(np.ascontiguousarray(tree).tobytes(), crc)
+    return zlib.crc32(repr(tree).encode(), crc)

@@ -133,3 +133,26 @@ def test_a_float32_checkpoint_resumes_in_float16(tmp_path_factory, monkeypatch):
     for n in after:
         if "running" not in n:
             np.testing.assert_allclose(after[n], saved[n], rtol=1e-3, atol=1e-3, err_msg=n)
+
+
+@pytest.mark.parametrize("optimizer, rate", [("adamw", 0.01), ("lars", 4.0), ("lamb", 0.01)])
+def test_large_batch_optimizers_update_float32_master_weights(optimizer, rate, tmp_path_factory):
+    """--optimizer adamw, lars and lamb in float16 with dynamic loss scaling (issue 48, item 2): MXNet's
+    multi-precision path gives them the float32 master copies (the trust ratio's norms are taken there, on the
+    unscaled gradient), the float16 weights are those copies rounded, and every rank holds the same."""
+    t = half(tmp_path_factory, max_steps=12, optimizer=optimizer, base_lr=rate, momentum=0.9 if optimizer == "lars"
+             else 0.0)
+    start, end = trained(t)
+    b = t.backend
+    assert t.cfg.precision == "fp16" and b.loss_scale() is not None
+    checked = 0
+    for p in b.trainer._params:
+        if np.dtype(p.dtype) == np.float16:
+            state = b._updater().states[b.trainer._params.index(p)]
+            master = state[b._master_at]
+            assert master.dtype == np.float32
+            np.testing.assert_array_equal(p.data(b.ctx).asnumpy(), master.asnumpy().astype(np.float16))
+            checked += 1
+    assert checked >= 2
+    assert_moved(start, {n: np.asarray(v, np.float32) for n, v in end.items()})
+    assert_same_on_every_rank(b, fingerprint(end), f"float16 weights after 12 steps of {optimizer}")

@@ -2,7 +2,8 @@
 
 In fp16 with dynamic loss scaling, the scale halved once early (a NaN batch on every rank): the worker that joins
 must take that scale, not start from 65536 (each rank would then unscale the averaged gradients differently).
-After every elastic sync each worker checks that all hold the same weights and loss scale.
+After every elastic sync each worker checks that all hold the same weights, optimizer state and loss scale: with
+momentum SGD, and with LAMB (issue 48: its moments and step counts reach a joining worker).
 
 Two "hosts" on this machine (localhost and 127.0.0.1, as Horovod's own elastic tests do) are reported by a discovery
 script that reads a file; the test adds a third name of this machine (its hostname) once a worker has been lost.
@@ -19,7 +20,8 @@ from tests.e2e.conftest import read_metrics
 from tests.helpers import HOROVODRUN, PY, ROOT, env, kill_tree
 
 
-def test_kill_a_worker_continue_then_grow_back(tmp_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "lamb"])
+def test_kill_a_worker_continue_then_grow_back(optimizer, tmp_path):
     host = socket.gethostname()
     try:
         if not socket.gethostbyname(host).startswith("127."):
@@ -36,7 +38,7 @@ def test_kill_a_worker_continue_then_grow_back(tmp_path):
            PY, "-m", "hvdtrain", "recipe", "tests.tiny_recipe:TinyTrainer", "--elastic", "--epochs", "16",
            "--commit-every", "2", "--fault", "kill", "--fault-rank", "1", "--fault-step", "12",
            "--fault-once", str(tmp_path / "killed"), "--step-sleep", "0.2", "--output-dir", str(out),
-           "--precision", "fp16", "--nan-step", "3"]
+           "--precision", "fp16", "--nan-step", "3", "--optimizer", optimizer]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -52,7 +54,7 @@ def test_kill_a_worker_continue_then_grow_back(tmp_path):
         raise
     assert proc.returncode == 0, output[-6000:]
     assert "elastic reset: 1 worker(s) now" in output and "elastic reset: 2 worker(s) now" in output, output[-6000:]
-    synced = re.findall(r"after the elastic sync: (\d) worker\(s\) hold the same weights and loss scale (\d+)",
+    synced = re.findall(r"after the elastic sync: (\d) worker\(s\) hold the same weights, optimizer state and loss scale (\d+)",
                         output)
     assert ("2", "65536") in synced and ("1", "32768") in synced, synced  # the start, the survivor's halved scale
     assert synced[-1] == ("2", "32768"), synced  # the joiner took the survivors' scale
