@@ -133,6 +133,13 @@ def test_a_job_killed_between_a_checkpoint_and_its_digest_resumes_from_the_url(s
                         str(tmp_path / "export")], timeout=120, HVDTRAIN_STAGING=str(tmp_path / "host-c"))
         assert exported.returncode == 0, describe(exported)
         assert json.loads((tmp_path / "export" / "model.json").read_text())["epoch"] == 3
+        # --resume URL: a local run continues from the URL's epoch-2 checkpoint and ends as the uninterrupted one
+        second = [p for p in held if p.startswith("ckpt-e0002") and p.endswith(".npz")][0]
+        branch = tmp_path / "branch"
+        resumed = run(horovodrun(2, PY, *RECIPE, "--framework", framework, "--output-dir", str(branch), "--resume",
+                                 f"{url}/checkpoints/{second}"), timeout=240, HVDTRAIN_STAGING=str(tmp_path / "host-c"))
+        assert resumed.returncode == 0 and "(epoch 2," in resumed.output, describe(resumed)
+        assert same(figures(read_metrics(str(branch))), figures(read_metrics(str(whole)))[2:])
         reported = run([PY, "-m", "hvdtrain", "report", url], timeout=120, cwd=str(tmp_path),
                        HVDTRAIN_STAGING=str(tmp_path / "host-c"))
         assert reported.returncode == 0 and f"hvdtrain report: {url}" in reported.stdout, describe(reported)
