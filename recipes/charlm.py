@@ -60,7 +60,7 @@ class CharLMConfig(TrainConfig):
     epochs: int = 8
     batch_size: int = 32
     base_lr: float = 0.004
-    optimizer: Literal["sgd", "adam"] = "adam"
+    optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "adam"
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     data_dir: str = CORPUS
     """Directory of text files (default: the licence texts of Debian's base-files)."""

@@ -53,7 +53,7 @@ class RegressionConfig(TrainConfig):
     epochs: int = 20
     batch_size: int = 16
     base_lr: float = 0.003
-    optimizer: Literal["sgd", "adam"] = "adam"
+    optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "adam"
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     weight_decay: float = 0.01
     hidden: int = 32

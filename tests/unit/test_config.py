@@ -138,3 +138,15 @@ def test_each_optimizer_has_its_usual_epsilon_and_exemptions():
     assert TrainConfig(optimizer="lars").exempt(1) and TrainConfig(optimizer="lamb").exempt(1)
     assert not TrainConfig(optimizer="adamw").exempt(1) and TrainConfig(optimizer="adamw", no_wd=True).exempt(1)
     assert not TrainConfig(optimizer="lars").exempt(2)
+
+
+def test_every_recipe_offers_every_optimizer():
+    """A recipe that narrows a field's choices must not drop the framework's optimizers (charlm and regression
+    once offered sgd and adam only, so --optimizer adamw or lamb was refused there)."""
+    import typing
+    from hvdtrain import registry
+    every = typing.get_args(typing.get_type_hints(TrainConfig)["optimizer"])
+    for name in registry.available():
+        cls = registry.load(name).config_class
+        assert typing.get_args(typing.get_type_hints(cls)["optimizer"]) == every, name
+        assert parse_overrides(cls, ["--optimizer", "lamb"]).optimizer == "lamb"
