@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -184,3 +185,19 @@ def hvdtrain_processes(namespace: str, also: tuple = ()) -> dict:
         if "hvdtrain" in args or any(a in args for a in also):
             out[pid] = args
     return out
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    """True once something accepts connections on the loopback at ``port``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -6,14 +6,13 @@ host are refused in one line before Horovod starts; the store going away mid-run
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import PY, describe, horovodrun, run
+from tests.helpers import PY, answers, describe, free_port, horovodrun, run
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (make install installs the 'remote' extra)")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs the 'test' extra)")
@@ -35,25 +34,13 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(port) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def start_server(port):
     server = subprocess.Popen([PY, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 60
-    while not _answers(port):
+    while not answers(port):
         assert server.poll() is None and time.time() < deadline, "moto's S3 server did not start"
         time.sleep(0.2)
     return server
@@ -61,7 +48,7 @@ def start_server(port):
 
 @pytest.fixture(scope="module")
 def store():
-    port = _free_port()
+    port = free_port()
     server = start_server(port)
     creds = {"AWS_ACCESS_KEY_ID": "hvdtrain", "AWS_SECRET_ACCESS_KEY": "hvdtrain", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
@@ -172,7 +159,7 @@ def test_bad_urls_missing_credentials_and_buckets_and_a_held_url_are_refused_bef
 def test_the_store_going_away_mid_run_leaves_training_running(tmp_path):
     """The S3 server is killed after the first epoch's push: the job trains to the end, warns at each failed push,
     and says at the end that the run's files are in the staging directory."""
-    port = _free_port()
+    port = free_port()
     server = start_server(port)
     env = {"AWS_ACCESS_KEY_ID": "hvdtrain", "AWS_SECRET_ACCESS_KEY": "hvdtrain", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_MAX_ATTEMPTS": "2",

@@ -5,7 +5,6 @@ leaves training running to the end, with one warning and the count of what was n
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import PY, describe, horovodrun, run
+from tests.helpers import PY, answers, describe, free_port, horovodrun, run
 
 pytest.importorskip("mlflow")
 RECIPE = [PY, "-m", "hvdtrain", "recipe", "tests.tiny_recipe:TinyTrainer"]
@@ -74,11 +73,6 @@ def test_a_stopped_and_resumed_job_continues_its_mlflow_run(framework, tmp_path)
         assert listed.returncode == 0 and listed.stdout.count("tiny on torch x2") == 2, describe(listed)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _wait_for(predicate, seconds, what):
     deadline = time.time() + seconds
@@ -89,13 +83,6 @@ def _wait_for(predicate, seconds, what):
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
-def _answers(port) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
-
 
 def _logged(uri) -> bool:
     client, runs = runs_of(uri)
@@ -103,14 +90,14 @@ def _logged(uri) -> bool:
 
 
 def test_a_tracking_server_killed_mid_run_leaves_training_running(tmp_path):
-    port, store = _free_port(), f"sqlite:///{tmp_path}/server.db"
+    port, store = free_port(), f"sqlite:///{tmp_path}/server.db"
     mlflow = os.path.join(os.path.dirname(sys.executable), "mlflow")
     server = subprocess.Popen([mlflow, "server", "--backend-store-uri", store, "--host", "127.0.0.1", "--port",
                                str(port), "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     out = tmp_path / "job"
     try:
-        _wait_for(lambda: _answers(port), 120, "mlflow server")
+        _wait_for(lambda: answers(port), 120, "mlflow server")
         # 0.5 s per step, 4 steps per epoch: the server goes after the first record, with 2 epochs to go
         cmd = horovodrun(2, *RECIPE, "--framework", "torch", "--epochs", "3", "--track", "mlflow", "--track-uri",
                          f"http://127.0.0.1:{port}", "--step-sleep", "0.5", "--output-dir", str(out))
