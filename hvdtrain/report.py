@@ -31,7 +31,8 @@ def announce(trainer, steps: int) -> None:
         resolved = {**json.loads(cfg.to_json()), "recipe": trainer.name, "world_size": b.size,
                     "threads_per_rank": b.threads, "threads_reason": b.threads_reason, "steps_per_epoch": steps,
                     "precision_requested": trainer.precision_requested, "precision_reason": b.precision_reason,
-                    "global_batch": trainer.global_batch}
+                    "global_batch": trainer.global_batch,
+                    **({"output_url": trainer.output_url} if getattr(trainer, "output_url", "") else {})}
         json.dump(resolved, f, indent=2, sort_keys=True)
     target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)
     print(f"hvdtrain: {trainer.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) ({b.threads_reason}) "

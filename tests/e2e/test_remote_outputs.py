@@ -110,6 +110,7 @@ def test_a_job_killed_between_a_checkpoint_and_its_digest_resumes_from_the_url(s
     lease = json.loads(store.cat_file(f"hvdtrain-test/{framework}/job/.hvdtrain.lease"))
     assert lease["done"] is True
     assert store.find(f"hvdtrain-test/{framework}/job/tensorboard")  # the event files went up too
+    assert json.loads(store.cat_file(url + "/config.json"))["output_url"] == url
     if framework == "torch":  # eval and export read the URL (its files are fetched to a cache)
         evaluated = run([PY, "-m", "hvdtrain", "eval", url, "--output-dir", str(tmp_path / "eval")], timeout=120,
                         HVDTRAIN_STAGING=str(tmp_path / "host-c"))
