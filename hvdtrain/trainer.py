@@ -74,6 +74,8 @@ class Trainer:
         cfg.validate()
         self.output_url = ""
         """--output-dir when it is a URL (cfg.output_dir is then its local staging copy: :mod:`hvdtrain.remote`)."""
+        if cfg.output_dir.startswith("file://"):  # a local path in URL form
+            cfg = dataclasses.replace(cfg, output_dir=cfg.output_dir[len("file://"):])
         if remote.is_url(cfg.output_dir):
             self.output_url = cfg.output_dir.rstrip("/")
             cfg = dataclasses.replace(cfg, output_dir=remote.staging_dir(self.output_url))

@@ -203,3 +203,10 @@ def test_urls_are_told_apart_from_paths_and_localized(url, tmp_path, monkeypatch
         remote.localize(f"{url}/nothing.npz", "--init-from")
     with pytest.raises(ConfigError, match="not a URL fsspec knows"):
         remote.filesystem("nosuchprotocol://x/y")
+
+
+def test_a_file_url_is_a_local_output_directory(tmp_path):
+    from tests.tiny_recipe import TinyTrainer
+    trainer = TinyTrainer(output_dir=f"file://{tmp_path}/job")
+    assert trainer.cfg.output_dir == f"{tmp_path}/job" and trainer.output_url == ""
+    assert TinyTrainer(output_dir="s3://bkt/job/").output_url == "s3://bkt/job"
