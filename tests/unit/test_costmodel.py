@@ -201,6 +201,9 @@ def test_project_writes_its_table_json_and_chart(tmp_path):
     assert (tmp_path / "project.png").read_bytes()[:4] == b"\x89PNG"
     assert "hosts  ranks     batch" in result.stdout and "90 epochs" in result.stdout, describe(result)
     assert [r["global_batch"] for r in data["rows"]] == [64, 256] and data["epochs"] == 90
+    # this project's own large-batch study, beside the papers' limits (issue 48, item 5)
+    assert data["measured_here"]["points_lost"]["lars"] < data["measured_here"]["points_lost"]["sgd"]
+    assert "measured here (docs/convergence.md" in result.stdout and "with LARS" in result.stdout, describe(result)
 
 
 def test_a_hosts_cpu_bounds_the_step_when_compute_and_collectives_share_it():
