@@ -8,11 +8,12 @@ URL a copy of it:
 - at the start (rank 0, before anything is read or written) it takes the URL's lease and pulls what the URL holds
   (checkpoints, best/, metrics.jsonl, config.json, TensorBoard events...) into the staging directory, which then
   holds the URL's files and no others: the URL, not the host's disk, is the run;
-- after every checkpoint write, at the start and at the end (rank 0) it pushes: new and changed files first, each
-  checkpoint's archive before its ``.sha256`` digest, then the deletions (pruned checkpoints, each digest before its
-  archive). Object stores have no rename, but one object's PUT is atomic: a job killed at any point leaves every
-  checkpoint at the URL either whole with its digest, or without a digest (and a reader trusts only checkpoints whose
-  digest matches, :func:`hvdtrain.checkpoint.read_verified`). Uploads pause training on rank 0 while they run.
+- after every checkpoint write and at the start it pushes, on a thread of its own while training goes on (an
+  upload slower than ``--stall-timeout`` must not stop the job), and at the end once more, waited for: new and
+  changed files first, each checkpoint's archive before its ``.sha256`` digest, then the deletions (pruned
+  checkpoints, each digest before its archive). Object stores have no rename, but one object's PUT is atomic: a job
+  killed at any point leaves every checkpoint at the URL either whole with its digest, or without a digest (and a
+  reader trusts only checkpoints whose digest matches, :func:`hvdtrain.checkpoint.read_verified`).
 - TensorBoard's event files are written locally and uploaded at those pushes (epoch ends), not streamed.
 - Heartbeats, error records, the compile cache and the local lock stay on the host.
 
@@ -235,6 +236,11 @@ class RemoteOutput:
         self._renewer: Optional[threading.Thread] = None
         self.push_seconds = 0.0
         self.uploaded = 0
+        self._lock = threading.Lock()  # one push at a time: the pusher's, or the final one
+        self._dirty = threading.Event()
+        self._pusher: Optional[threading.Thread] = None
+        self._closing = False
+        self._wanted = False
 
     def _remote(self, rel: str) -> str:
         return posixpath.join(self.root, rel)
@@ -308,9 +314,47 @@ class RemoteOutput:
         self.pushed = _local_files(self.local)
         return fetched
 
+    # --- pushing in the background ------------------------------------------------------------------------------
+    def request(self, warn) -> None:
+        """A push is due (a checkpoint was written): the pusher thread makes it while training goes on, so that an
+        upload slower than the job's stall timeout never stops the other ranks; requests that come while it uploads
+        make one push after. ``warn(exception)`` hears a failed push (the next one tries again)."""
+        if self._pusher is None:
+            self._pusher = threading.Thread(target=self._push_loop, args=(warn,), name="hvdtrain-push", daemon=True)
+            self._pusher.start()
+        self._wanted = True
+        self._dirty.set()
+
+    def _push_loop(self, warn) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            if self._wanted:  # a request made before stop_pushing() is pushed before the thread ends
+                self._wanted = False
+                try:
+                    self.push()
+                except Exception as e:  # noqa: BLE001 - said by the caller's warning; the next push tries again
+                    warn(e)
+            if self._closing:
+                return
+
+    def stop_pushing(self) -> None:
+        """Let the push under way finish and stop the pusher (the final push is the caller's, made after)."""
+        if self._pusher is not None:
+            self._closing = True
+            self._dirty.set()
+            self._pusher.join()
+            self._pusher = None
+
     def push(self) -> int:
         """Make the URL hold what the staging directory holds: uploads first (each checkpoint's digest after the
-        archives), then deletions (digests before their archives); returns the files uploaded."""
+        archives), then deletions (digests before their archives); returns the files uploaded. A file the job
+        rewrites while it is read goes up again at the next push; an archive that then no longer matches the digest
+        that follows it is one a reader refuses, never one it trusts."""
+        with self._lock:
+            return self._push()
+
+    def _push(self) -> int:
         start = time.perf_counter()
         local = _local_files(self.local)
         changed = [rel for rel, stamp in local.items() if self.pushed.get(rel) != stamp]

@@ -253,20 +253,26 @@ class Trainer:
 
     def push(self, final: bool = False) -> None:
         """Rank 0 of a job with a URL --output-dir: the URL gets the staging directory's new files (and loses the
-        pruned ones). A store that fails is named in a warning and tried again at the next push: the files stay in
-        the staging directory and nothing stops training."""
+        pruned ones), on the pusher thread while training goes on; ``final`` waits for it and pushes once more. A
+        store that fails is named in a warning and tried again at the next push: the files stay in the staging
+        directory and nothing stops training."""
         if self.remote is None:
             return
+        if not final:
+            self.remote.request(lambda e: self._push_failed(e, final=False))
+            return
+        self.remote.stop_pushing()
         try:
-            count = self.remote.push()
-            if final:
-                print(f"hvdtrain: {self.output_url} holds the run ({self.remote.uploaded} upload(s), "
-                      f"{self.remote.push_seconds:.1f}s)", flush=True)
-            return count
-        except Exception as e:  # noqa: BLE001 - the store's error in one line; training goes on
-            print(f"hvdtrain: warning: pushing to {self.output_url} failed ({remote.describe_error(self.output_url, e)})"
-                  + ("; the run's files are in " + self.cfg.output_dir if final else "; tried again at the next "
-                     "checkpoint"), file=sys.stderr, flush=True)
+            self.remote.push()
+            print(f"hvdtrain: {self.output_url} holds the run ({self.remote.uploaded} upload(s), "
+                  f"{self.remote.push_seconds:.1f}s on the pusher thread and at the end)", flush=True)
+        except Exception as e:  # noqa: BLE001 - the store's error in one line
+            self._push_failed(e, final=True)
+
+    def _push_failed(self, e: BaseException, final: bool) -> None:
+        print(f"hvdtrain: warning: pushing to {self.output_url} failed ({remote.describe_error(self.output_url, e)})"
+              + ("; the run's files are in " + self.cfg.output_dir if final else "; tried again at the next "
+                 "checkpoint"), file=sys.stderr, flush=True)
 
     @property
     def output_location(self) -> str:

@@ -19,8 +19,8 @@ pytest.importorskip("moto.server", reason="moto[server] is not installed (make i
 
 RECIPE = ["-m", "hvdtrain", "recipe", "regression", "--epochs", "3"]
 FIGURES = ("epoch", "global_step", "train_loss", "val_loss", "val_mse", "val_mae", "lr")
-# Rank 0 dies (SIGKILL) as it is about to upload the digest of epoch 2's checkpoint: the URL holds that archive
-# without its digest, and epoch 2's record.
+# Rank 0 dies (SIGKILL) as its pusher thread is about to upload the digest of epoch 2's checkpoint: the URL holds
+# that archive without its digest, and epoch 2's record.
 KILLER = """import os, signal, sys
 import s3fs
 put = s3fs.S3FileSystem._put_file
@@ -95,7 +95,8 @@ def test_a_job_killed_between_a_checkpoint_and_its_digest_resumes_from_the_url(s
     assert killed.returncode != 0, describe(killed)
     held = sorted(p.rsplit("/", 1)[1] for p in store.find(f"hvdtrain-test/{framework}/job/checkpoints"))
     assert [p for p in held if "e0002" in p] == [p for p in held if "e0002" in p and p.endswith(".npz")] != [], held
-    assert [r["epoch"] for r in url_records(store, url)] == [1, 2]
+    # (uploads run beside training: epoch 3's record may have gone up before the kill too)
+    assert [r["epoch"] for r in url_records(store, url)] in ([1, 2], [1, 2, 3])
     # another host (an empty staging directory) resumes from the URL: epoch 2's archive has no digest, so epoch 1's
     # checkpoint is the newest whole one
     resumed = run(horovodrun(2, PY, *RECIPE, "--framework", framework, "--output-dir", url), timeout=240,

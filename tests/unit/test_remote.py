@@ -210,3 +210,33 @@ def test_a_file_url_is_a_local_output_directory(tmp_path):
     trainer = TinyTrainer(output_dir=f"file://{tmp_path}/job")
     assert trainer.cfg.output_dir == f"{tmp_path}/job" and trainer.output_url == ""
     assert TinyTrainer(output_dir="s3://bkt/job/").output_url == "s3://bkt/job"
+
+
+def test_pushes_run_on_the_pusher_thread_and_the_last_is_waited_for(url, tmp_path):
+    """A checkpoint's upload must not hold rank 0 (a slow store would stall the other ranks into --stall-timeout):
+    request() returns at once, the upload runs on the pusher thread, and stop_pushing() waits for it."""
+    import threading
+    out = remote.RemoteOutput(url, str(tmp_path / "stage"))
+    checkpoint.save(os.path.join(out.local, "checkpoints"), 1, 4, {"w": [1.0]})
+    release, threads = threading.Event(), []
+    put = out.fs.put_file
+
+    def slow_put(lpath, rpath, **kw):
+        threads.append(threading.current_thread().name)
+        release.wait(10)
+        return put(lpath, rpath, **kw)
+    out.fs.put_file = slow_put
+    failures = []
+    started = time.perf_counter()
+    out.request(failures.append)
+    assert time.perf_counter() - started < 0.5  # not waiting for the upload
+    assert "checkpoints/ckpt-e0001-s000000004.npz.sha256" not in objects(url)
+    release.set()
+    out.stop_pushing()
+    assert set(threads) == {"hvdtrain-push"} and not failures
+    assert "checkpoints/ckpt-e0001-s000000004.npz.sha256" in objects(url)
+    out.fs.put_file = lambda *a, **k: (_ for _ in ()).throw(ConnectionError("gone"))
+    checkpoint.save(os.path.join(out.local, "checkpoints"), 2, 8, {"w": [2.0]})
+    out.request(failures.append)
+    out.stop_pushing()
+    assert [type(e) for e in failures] == [ConnectionError]  # a failed push is heard, not raised on the thread
