@@ -97,6 +97,13 @@ def _holder(path: str) -> dict:
         return {}
 
 
+def job_label(environ: Mapping[str, str] = os.environ) -> str:
+    """The batch system's job of this process ("Slurm 1234"), '' outside one: named in locks and leases."""
+    return next((f"{name} {environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"),
+                                                           ("LSB_JOBID", "LSF"), ("JOB_ID", "SGE"))
+                 if environ.get(var)), "")
+
+
 def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) -> IO:
     """Take the output directory for this job (see the module docstring); returns the open lock file, which the
     caller keeps open for the whole run. Raises ConfigError naming the holder when a live job has it."""
@@ -123,9 +130,7 @@ def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) ->
             raise ConfigError(f"--output-dir {output_dir} is in use by a running job ({live}; this filesystem's "
                               f"locks do not reach that host): wait for it, stop it, or choose another "
                               f"--output-dir")
-    job = next((f"{name} {environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"),
-                                                          ("LSB_JOBID", "LSF"), ("JOB_ID", "SGE"))
-                if environ.get(var)), "")
+    job = job_label(environ)
     handle.seek(0)
     handle.truncate()
     json.dump({"host": socket.gethostname(), "pid": os.getpid(), "job": job,
@@ -137,19 +142,19 @@ def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) ->
 __all__ = ["declared_world_size", "check_world_size", "lock_output_dir", "live_heartbeat", "LOCK_NAME", "LEASE_SECONDS"]
 
 
-def take_output_dir(backend, output_dir: str, collective: bool = True, url: str = "",
+def take_output_dir(backend, output_dir: str, collective: bool = True,
                     taken: Optional[Callable[[], None]] = None) -> Optional[IO]:
     """Rank 0 locks ``output_dir`` for this job (:func:`lock_output_dir`) and every rank stops on a refusal with the
     same one-line error (``backend.root_decides``); with ``collective`` False (elastic mode) rank 0 alone decides
-    and raises: a worker joining the job must run no collective the others do not. With ``url`` (``output_dir`` is
-    its staging copy) rank 0 then calls ``taken()``, which takes the URL's lease and pulls it; its ConfigError is the
+    and raises: a worker joining the job must run no collective the others do not. With ``taken`` (a URL's job,
+    ``output_dir`` its staging copy) rank 0 then calls it to take the URL's lease and pull it; its ConfigError is the
     refusal. The lock on rank 0, else None."""
     held = []
 
     def take():
         try:
             held.append(lock_output_dir(output_dir))
-            if url and taken is not None:
+            if taken is not None:
                 taken()
         except ConfigError as e:
             for handle in held:

@@ -39,6 +39,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .config import ConfigError
+from .guard import job_label
 
 LEASE_NAME = ".hvdtrain.lease"
 LEASE_SECONDS = 60.0
@@ -249,16 +250,12 @@ class RemoteOutput:
     def _read_lease(self) -> Dict[str, Any]:
         try:
             return json.loads(self.fs.cat_file(self._remote(LEASE_NAME)).decode())
-        except FileNotFoundError:
-            return {}
-        except (ValueError, UnicodeDecodeError):
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):  # none, or not one of hvdtrain's
             return {}
 
     def _write_lease(self, done: bool = False) -> None:
-        job = next((f"{name} {os.environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"))
-                    if os.environ.get(var)), "")
         self.fs.pipe_file(self._remote(LEASE_NAME), json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "job": job, "token": self.token, "since": self._since,
+            {"host": socket.gethostname(), "pid": os.getpid(), "job": job_label(), "token": self.token, "since": self._since,
              "renewed": time.time(), "done": done}).encode())
 
     @staticmethod

@@ -191,7 +191,7 @@ class Trainer:
         if not cfg.elastic:  # elastic worlds change size by design
             guard.check_world_size(backend.size, backend.mpi_built())
         self._output_lock = guard.take_output_dir(backend, cfg.output_dir, collective=not cfg.elastic,
-                                                  url=self.output_url, taken=self._took_url)
+                                                  taken=self._took_url if self.output_url else None)
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
