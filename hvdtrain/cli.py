@@ -16,6 +16,7 @@ import numpy as np
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, help_text, parse_overrides
+from .remote import is_url
 from .faults import JobFailed, report_line
 
 EXPORT_USAGE = """usage: python -m hvdtrain export SOURCE [--format native|onnx] [--framework torch|mxnet] [--output DIR]
@@ -185,7 +186,7 @@ def cmd_export(argv: List[str]) -> int:
     cfg = dataclasses.replace(cfg, resume="never", init_from="", elastic=False)
     if not output:
         # beside the run or checkpoint; a URL's export goes under runs/ here (its fetched copy is a cache)
-        stem = (os.path.join("runs", cls.name) if "://" in source else
+        stem = (os.path.join("runs", cls.name) if is_url(source) else
                 _run_dir(info) or os.path.splitext(os.path.abspath(info.get("path", source)))[0])
         output = os.path.join(stem, (f"export-{fmt}-{cfg.framework}" if fmt == "native" else "export-onnx")
                               + _from_best(info))
@@ -214,7 +215,7 @@ def cmd_eval(argv: List[str]) -> int:
     precision = base.precision if base.precision == "fp32" else "auto"
     cfg = parse_overrides(cls.config_class, rest, base=dataclasses.replace(base, precision=precision))
     if not output:
-        output = (os.path.join(_run_dir(info), "eval" + _from_best(info)) if _run_dir(info) and "://" not in source
+        output = (os.path.join(_run_dir(info), "eval" + _from_best(info)) if _run_dir(info) and not is_url(source)
                   else os.path.join("runs", f"eval-{cls.name}-{cfg.framework}"))
     cfg = dataclasses.replace(cfg, init_from=source, output_dir=output, elastic=False, resume="never")
     trainer = cls(cfg)

@@ -288,13 +288,14 @@ class TrainConfig:
             # overflowed would skip that step (and its collectives) while the others run it: a hang.
             raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
                               "dynamic): use --precision bf16 or fp32 with --adasum")
-        if self.elastic and "://" in self.output_dir:
+        from .remote import is_url  # (remote imports this module)
+        if self.elastic and is_url(self.output_dir):
             raise ConfigError("--elastic cannot write to a URL --output-dir yet (after a reset the new rank 0 would "
                               "hold neither the lease nor the staging copy): use a shared directory")
         # A URL (s3://...) is checked against its store before Horovod starts (Trainer.setup), not here.
-        if self.init_from and "://" not in self.init_from and not os.path.exists(self.init_from):
+        if self.init_from and not is_url(self.init_from) and not os.path.exists(self.init_from):
             raise ConfigError(f"--init-from {self.init_from} does not exist")
-        if self.resume not in ("auto", "never") and "://" not in self.resume and not os.path.isfile(self.resume):
+        if self.resume not in ("auto", "never") and not is_url(self.resume) and not os.path.isfile(self.resume):
             raise ConfigError(f"--resume must be auto, never or an existing checkpoint file; {self.resume!r} is none of these")
 
     def eps(self) -> float:
