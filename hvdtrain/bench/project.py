@@ -22,8 +22,8 @@ from .runner import write
 
 # Published global batches up to which ImageNet ResNet-50 kept its accuracy (top-1 within about a point of the
 # small-batch baseline in the same number of epochs): momentum SGD with linear scaling and warmup to 8K (Goyal et al.
-# 2017, 76.3% at 256 and 76.2% at 8K, lost beyond it), LARS to 32K (You et al. 2017). hvdtrain's own measurement of
-# this limit on its recipes is issue 48's study (docs/convergence.md), not yet made.
+# 2017, 76.3% at 256 and 76.2% at 8K, lost beyond it), LARS to 32K (You et al. 2017). hvdtrain's own measurement on
+# its recipes is issue 48's study (docs/convergence.md): MEASURED_HERE.
 KEPT_ACCURACY = (("sgd", 8192, "Goyal et al. 2017"), ("lars", 32768, "You et al. 2017"))
 MEASURED_HERE = {"study": "docs/convergence.md, Large batches", "ratio": 32,
                  "what": "the ImageNet recipe's ResNet-18 on 10,240 Fashion photos, 6 epochs (1,920 steps at 1x, 60 at 32x)",

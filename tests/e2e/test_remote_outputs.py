@@ -12,13 +12,13 @@ import time
 import pytest
 
 from tests.e2e.conftest import read_metrics
+from tests.e2e.test_best_checkpoint import FIGURES, same
 from tests.helpers import PY, answers, describe, free_port, horovodrun, run
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (make install installs the 'remote' extra)")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs the 'test' extra)")
 
 RECIPE = ["-m", "hvdtrain", "recipe", "regression", "--epochs", "3"]
-FIGURES = ("epoch", "global_step", "train_loss", "val_loss", "val_mse", "val_mae", "lr")
 # Rank 0 dies (SIGKILL) as its pusher thread is about to upload the digest of epoch 2's checkpoint: the URL holds
 # that archive without its digest, and epoch 2's record.
 KILLER = """import os, signal, sys
@@ -68,14 +68,6 @@ def store():
 
 def figures(records):
     return [{k: r[k] for k in FIGURES} for r in records]
-
-
-def same(got, want):
-    assert len(got) == len(want), (got, want)
-    for g, w in zip(got, want):
-        assert g["train_loss"] == pytest.approx(w["train_loss"], rel=1e-6), (g, w)
-        assert {**g, "train_loss": 0} == {**w, "train_loss": 0}, (g, w)
-    return True
 
 
 def url_records(fs, url):
