@@ -15,8 +15,12 @@ asynchronously together, as DistributedOptimizer does after a backward pass; sec
 HOROVOD_FUSION_THRESHOLD and HOROVOD_CYCLE_TIME of the environment. ``shard``: the collectives of a step with and
 without ``--shard-optimizer`` on a flat vector of ``--elements`` float32 values: its allreduce, its reduce-scatter
 and the allgather of one rank's 1/n of it, each timed on its own (seconds per operation, and rank 0's CPU seconds
-per operation: all its threads, with the kernel's work for its sockets). ``memcpy``: one process
-copying the same sizes, the ceiling of what a reduction through memory can reach on this machine.
+per operation: all its threads, with the kernel's work for its sockets). ``paths``: the average of a step's gradients
+(``--shapes``) three ways, interleaved in one job: Horovod's allreduce of each gradient (fused in its buffer, as
+DistributedOptimizer sends them), Horovod's allreduce of one flat tensor holding them all (no fusion copy), and c10d's
+Gloo allreduce of that flat tensor (DDP's bucket); seconds and each rank's CPU seconds by thread role per operation.
+``memcpy``: one process copying the same sizes, the ceiling of what a reduction through memory can reach on this
+machine.
 """
 from __future__ import annotations
 
@@ -131,6 +135,62 @@ def shard_collectives(args) -> dict:
     return out
 
 
+PATHS = ("horovod gradients", "horovod flat", "c10d flat")
+"""The ways ``paths`` averages the same gradients (see the module's docstring)."""
+
+
+def allreduce_paths(args) -> dict:
+    """``paths``: under horovodrun (Horovod's ranks), with c10d's Gloo group joined at ``--master`` as well."""
+    import statistics
+    import torch
+    import torch.distributed as dist
+    import horovod.torch as hvd
+    from ..threads import ThreadCpu, created_by
+    with created_by("horovod", "transport"):
+        hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    with created_by(None, "transport"):  # c10d's threads; idle while Horovod's work, and Horovod's while c10d's
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=rank, world_size=n)
+    torch.set_num_threads(1)
+    grads = [torch.ones(s) for s in args.shapes]
+    flat = torch.ones(sum(g.numel() for g in grads))
+
+    def gradients():
+        handles = [hvd.allreduce_async_(g, op=hvd.Average, name=f"grad.{i}") for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def c10d():  # DDP's default hook: divide the bucket by the group's size, then allreduce it
+        flat.div_(n)
+        dist.all_reduce(flat)
+
+    ops = {"horovod gradients": gradients,
+           "horovod flat": lambda: hvd.allreduce_(flat, op=hvd.Average, name="flat"), "c10d flat": c10d}
+    seconds = {p: [] for p in PATHS}
+    cpu = {p: [] for p in PATHS}
+    census = ThreadCpu()
+    for _ in range(args.repeats):  # the paths interleaved: each sees the same machine
+        for path in PATHS:
+            ops[path]()  # warm-up
+            hvd.allreduce(torch.zeros(1), name="barrier")
+            dist.barrier()
+            census.start()
+            start = time.perf_counter()
+            for _ in range(args.rounds):
+                ops[path]()
+            seconds[path].append((time.perf_counter() - start) / args.rounds)
+            cpu[path].append({role: s / args.rounds for role, s in census.stop().items()})
+    mine = {p: {role: statistics.median(c[role] for c in cpu[p]) for role in cpu[p][0]} for p in PATHS}
+    every = hvd.allgather_object(mine)  # each rank's CPU by role, for the range over ranks
+    dist.barrier()
+    dist.destroy_process_group()
+    # every path averages ones into ones: a path that summed, or dropped a part, shows here
+    error = max(float((t - 1).abs().max()) for t in [*grads, flat])
+    return {"rank": rank, "size": n, "bytes": flat.numel() * 4, "tensors": len(grads), "max_error": error,
+            "seconds": {p: statistics.median(v) for p, v in seconds.items()}, "samples": seconds,
+            "thread_cpu_per_op": every}
+
+
 def torch_distributed(args) -> dict:
     import torch
     import torch.distributed as dist
@@ -161,16 +221,22 @@ def memcpy(args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m hvdtrain.bench.allreduce_worker")
     parser.add_argument("library", choices=["horovod", "torch", "memcpy"])
-    parser.add_argument("what", choices=["sizes", "resnet50", "shard"])
+    parser.add_argument("what", choices=["sizes", "resnet50", "shard", "paths"])
     parser.add_argument("--elements", type=int, default=1 << 20, help="shard: values in the flat vector")
     parser.add_argument("--framework", choices=["mxnet", "torch"], default="mxnet", help="shard: Horovod's frontend")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--shapes", default="", help="paths: the gradients' shapes, e.g. 784x512,512",
+                        type=lambda s: [tuple(int(d) for d in t.split("x")) for t in s.split(",")])
+    parser.add_argument("--master", default="", help="paths: c10d's rendezvous, HOST:PORT")
+    parser.add_argument("--repeats", type=int, default=3, help="paths: interleaved repetitions (medians kept)")
     parser.add_argument("--result", required=True)
     args = parser.parse_args()
-    if args.what == "shard" and args.library != "horovod":
-        parser.error("shard: with the horovod library only")
-    run = shard_collectives if args.what == "shard" else \
+    if args.what in ("shard", "paths") and args.library != "horovod":
+        parser.error(f"{args.what}: with the horovod library only")
+    if args.what == "paths" and not (args.shapes and args.master):
+        parser.error("paths: give --shapes and --master")
+    run = {"shard": shard_collectives, "paths": allreduce_paths}.get(args.what) or \
         {"horovod": horovod, "torch": torch_distributed, "memcpy": memcpy}[args.library]
     out = run(args)
     if out["rank"] == 0:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import math
 import os
 import signal
 import statistics
@@ -44,7 +45,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from ..config import ConfigError
 from .costmodel import rate_bits
 from .ps import run_ps
-from .runner import check_sizes, compare, run_worker, write
+from .runner import check_sizes, compare, machine, run_worker, write
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
                        "netns_cluster.sh")
@@ -409,11 +410,51 @@ def _ps(cluster: Cluster, n: int, servers: int, steps: int, warmup: int, batch_s
     return run_ps("mnist", n, servers, 1, steps, batch_size, timeout, place, recipe_args, warmup=warmup, details=True)
 
 
-def gradient_bytes(hidden: int) -> int:
-    """Bytes of float32 gradients of the benchmark's network (the recipe's, the same on both frameworks)."""
+def gradient_shapes(hidden: int) -> List[Tuple[int, ...]]:
+    """The shapes of the benchmark network's gradients (the recipe's, the same on both frameworks)."""
     from .loops import _recipe
     trainer = _recipe("mnist", "torch", 32, 1, ["--hidden", str(hidden)])
-    return 4 * sum(p.numel() for p in trainer.build_torch().parameters())
+    return [tuple(p.shape) for p in trainer.build_torch().parameters()]
+
+
+def gradient_bytes(hidden: int) -> int:
+    """Bytes of float32 gradients of the benchmark's network."""
+    return 4 * sum(int(math.prod(s)) for s in gradient_shapes(hidden))
+
+
+def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
+                    cpu_quota: float = 0.0, rounds: int = 3) -> Dict:
+    """``--allreduce-paths``: the step's gradients averaged three ways on the same links and quota
+    (:data:`hvdtrain.bench.allreduce_worker.PATHS`: Horovod per gradient, Horovod on one flat tensor, c10d's Gloo on
+    it), interleaved in one job per host count; seconds and each rank's CPU by thread role per operation."""
+    from .runner import free_port
+    shapes = ",".join("x".join(str(d) for d in s) for s in gradient_shapes(hidden))
+    rows = {}
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+        for n in hosts:
+            with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+                result = os.path.join(out, "result.json")
+                cmd = _launch(cluster, n, ["-m", "hvdtrain.bench.allreduce_worker", "horovod", "paths", "--shapes",
+                                           shapes, "--master", f"{cluster.addresses[0]}:{free_port()}", "--rounds",
+                                           "5", "--repeats", str(rounds), "--result", result])
+                rows[n] = run_worker(cmd, result, timeout, f"the allreduce paths on {n} host(s)",
+                                     {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1", "HOROVOD_SPIN_WAIT": "0",
+                                      "GLOO_SOCKET_IFNAME": "eth0"})
+    return {"benchmark": "network allreduce paths", "model": f"mnist recipe, --hidden {hidden}", "rate": rate,
+            "cpu_quota_cores": cpu_quota, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _print_paths(result: Dict) -> None:
+    for n, row in result["rows"].items():
+        for path, seconds in row["seconds"].items():
+            per_rank = [cpu[path] for cpu in row["thread_cpu_per_op"]]
+            span = {role: (min(r[role] for r in per_rank), max(r[role] for r in per_rank))
+                    for role in ("main", "horovod", "transport", "ended")}
+            roles = ", ".join(f"{role} {1e3 * lo:.0f}-{1e3 * hi:.0f}" for role, (lo, hi) in span.items() if hi > 0)
+            total = [sum(r.values()) for r in per_rank]
+            print(f"{n} host(s), {path} ({row['tensors'] if path == 'horovod gradients' else 1} tensor(s), "
+                  f"{row['bytes'] / 1e6:.2f} MB): {1e3 * seconds:.0f} ms, CPU per operation "
+                  f"{1e3 * min(total):.0f}-{1e3 * max(total):.0f} ms over the ranks ({roles})", flush=True)
 
 
 ARMS = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
@@ -634,6 +675,15 @@ def plot(result: Dict, path: str) -> None:
     plt.close(fig)
 
 
+def _write_json(output_dir: str, name: str, result: Dict) -> None:
+    result.setdefault("machine", machine())
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, name)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"bench: wrote {path}")
+
+
 def run(args) -> int:
     check_sizes(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
     hosts = sorted({int(h) for h in args.hosts.split(",")})
@@ -642,6 +692,12 @@ def run(args) -> int:
     rate_bits(args.rate)
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0:
         raise ConfigError("--cpu-quota, --burst and --warmup must be 0 or more")
+    if args.allreduce_paths:
+        result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
+                                 rounds=args.rounds)
+        _print_paths(result)
+        _write_json(args.output_dir, "paths.json", result)
+        return 0
     if args.collectives_only:
         frontends = [f for f in args.frontends.split(",") if f]
         unknown = [f for f in frontends if f not in FRONTENDS]
@@ -650,11 +706,7 @@ def run(args) -> int:
         result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                   frontends=frontends, rounds=args.rounds)
         _print_collectives(result)
-        os.makedirs(args.output_dir, exist_ok=True)
-        path = os.path.join(args.output_dir, "collectives.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"bench: wrote {path}")
+        _write_json(args.output_dir, "collectives.json", result)
         return 0
     calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
     arms = parse_arms(args.frameworks)
@@ -693,6 +745,9 @@ def add_parser(sub) -> None:
     p.add_argument("--collectives-only", action="store_true",
                    help="time the step's collectives alone on the same links (allreduce; --shard-optimizer's "
                         "reduce-scatter and allgather), no training arms")
+    p.add_argument("--allreduce-paths", action="store_true",
+                   help="time the step's gradients averaged three ways on the same links, with each rank's CPU by "
+                        "thread: Horovod per gradient (fused), Horovod on one flat tensor, c10d's Gloo on it")
     p.add_argument("--frontends", default="mxnet",
                    help="with --collectives-only: the Horovod frontends to time them through, comma-separated, "
                         "interleaved over --rounds: mxnet, torch (hvdtrain's blocking wait), torch-spin "

@@ -161,8 +161,22 @@ def plot_compare(groups: Dict[str, Dict[str, Dict]], title: str, path: str) -> N
     plt.close(fig)
 
 
+def machine() -> Dict:
+    """What ran a benchmark: the processor's name and cores (these machines differ: figures of two compare only
+    as ratios measured on each)."""
+    name = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    return {"cpu": name, "cores": os.cpu_count()}
+
+
 def write(output_dir: str, name: str, result, draw: Callable[[str], None]) -> None:
-    """NAME.json (``result``) and NAME.png (``draw(path)`` draws it) in ``output_dir``."""
+    """NAME.json (``result``, with :func:`machine` added) and NAME.png (``draw(path)`` draws it) in ``output_dir``."""
+    if isinstance(result, dict):
+        result.setdefault("machine", machine())
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)

@@ -244,6 +244,25 @@ def test_shard_collectives_worker_times_each_collective_through_either_frontend(
     assert all(data[op] > 0 and data["cpu_seconds"][op] > 0 for op in ops), data
 
 
+def test_allreduce_paths_worker_averages_the_same_gradients_three_ways(tmp_path):
+    """The worker behind --allreduce-paths: Horovod per gradient, Horovod on one flat tensor and c10d's Gloo on it,
+    each timed with every rank's CPU by thread role, and each leaving the average (ones averaged stay ones)."""
+    from hvdtrain.bench.allreduce_worker import PATHS
+    from hvdtrain.threads import ROLES
+    from tests.helpers import free_port
+    path = tmp_path / "r.json"
+    result = run(horovodrun(2, PY, "-m", "hvdtrain.bench.allreduce_worker", "horovod", "paths", "--shapes",
+                            "300x20,20,7", "--master", f"127.0.0.1:{free_port()}", "--rounds", "2", "--repeats", "2",
+                            "--result", str(path)), timeout=180, GLOO_SOCKET_IFNAME="lo")
+    assert result.returncode == 0, describe(result)
+    data = json.loads(path.read_text())
+    assert data["size"] == 2 and data["tensors"] == 3 and data["bytes"] == 4 * (6000 + 20 + 7)
+    assert data["max_error"] == 0.0, data
+    assert set(data["seconds"]) == set(PATHS) and all(len(data["samples"][p]) == 2 for p in PATHS)
+    assert len(data["thread_cpu_per_op"]) == 2 and all(set(r[p]) == set(ROLES) for r in data["thread_cpu_per_op"]
+                                                       for p in PATHS)
+
+
 def test_network_benchmark_refuses_a_bad_rate_in_one_line(tmp_path):
     result = run(hvdtrain("bench", "network", "--rate", "fast", "--output-dir", str(tmp_path)), timeout=60)
     assert result.returncode != 0 and "--rate 'fast': give a rate in tc's syntax" in result.stderr, describe(result)
