@@ -230,6 +230,33 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
 
 
+@pytest.mark.machine
+def test_network_allreduce_paths_on_the_shaped_links(tmp_path):
+    """--allreduce-paths: on two shaped hosts, the network's gradients averaged by Horovod per gradient, by Horovod
+    on one flat tensor and by c10d's Gloo (its rendezvous on host0), each no faster than the link allows, each
+    rank's CPU by thread, the processor recorded, and nothing left behind."""
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    from hvdtrain.bench.allreduce_worker import PATHS
+    from hvdtrain.bench.network import gradient_bytes
+    before = _netns_and_links()
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "network", "--allreduce-paths", "--hosts", "2", "--rate", "200mbit", "--hidden",
+                          "64", "--rounds", "1", "--cpu-quota", "0", "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "paths.json").read_text())
+    row = data["rows"]["2"]
+    assert row["bytes"] == gradient_bytes(64) and row["max_error"] == 0.0, row
+    link = row["bytes"] * 8 / 200e6  # a ring allreduce of 2 ranks sends and receives the whole vector once
+    assert all(row["seconds"][p] >= 0.9 * link for p in PATHS), (row["seconds"], link)
+    assert len(row["thread_cpu_per_op"]) == 2 and all(sum(r[p].values()) > 0 for r in row["thread_cpu_per_op"]
+                                                      for p in PATHS), row
+    assert data["machine"]["cores"] == os.cpu_count()
+    assert f"2 host(s), c10d flat (1 tensor(s), {row['bytes'] / 1e6:.2f} MB)" in result.stdout, describe(result)
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+
+
 @pytest.mark.parametrize("framework", ["mxnet", "torch"])
 def test_shard_collectives_worker_times_each_collective_through_either_frontend(framework, tmp_path):
     """The worker behind --collectives-only, through horovod.mxnet and horovod.torch: each collective's seconds and
