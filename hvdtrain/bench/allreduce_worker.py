@@ -226,7 +226,8 @@ def main() -> None:
     parser.add_argument("--framework", choices=["mxnet", "torch"], default="mxnet", help="shard: Horovod's frontend")
     parser.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES)
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--shapes", default="", help="paths: the gradients' shapes, e.g. 784x512,512",
+    # no default string: argparse would pass it through ``type`` for every mode
+    parser.add_argument("--shapes", default=None, help="paths: the gradients' shapes, e.g. 784x512,512",
                         type=lambda s: [tuple(int(d) for d in t.split("x")) for t in s.split(",")])
     parser.add_argument("--master", default="", help="paths: c10d's rendezvous, HOST:PORT")
     parser.add_argument("--repeats", type=int, default=3, help="paths: interleaved repetitions (medians kept)")
