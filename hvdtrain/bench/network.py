@@ -193,17 +193,20 @@ def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
 
 
 def _rank_cpu(result: str) -> Dict:
-    """The workers' CPU seconds per timed step, by rank, in all and by thread role (hvdtrain.bench.loops writes
-    RESULT.rankN)."""
+    """The workers' CPU seconds per timed step, by rank, in all and by thread role, and their wall seconds per step
+    by phase where the loop times them (hvdtrain.bench.loops writes RESULT.rankN)."""
     rows = []
     for path in sorted(glob.glob(result + ".rank*")):
         with open(path) as f:
             row = json.load(f)
-        rows.append((row["rank"], row["cpu_seconds_per_step"], row.get("thread_cpu_per_step") or {}))
+        rows.append((row["rank"], row["cpu_seconds_per_step"], row.get("thread_cpu_per_step") or {},
+                     row.get("phase_seconds_per_step") or {}))
     rows.sort(key=lambda r: r[0])
     roles = rows[0][2] if rows else {}
-    return {"worker_cpu_per_step": [cpu for _, cpu, _ in rows],
-            "thread_cpu_per_step": {role: [r[2].get(role, 0.0) for r in rows] for role in roles}}
+    phases = rows[0][3] if rows else {}
+    return {"worker_cpu_per_step": [r[1] for r in rows],
+            "thread_cpu_per_step": {role: [r[2].get(role, 0.0) for r in rows] for role in roles},
+            "phase_seconds_per_step": {phase: [r[3].get(phase, 0.0) for r in rows] for phase in phases}}
 
 
 def _single(cluster: Cluster, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
@@ -298,7 +301,7 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
         with open(metrics) as f:
             last = json.loads(f.readlines()[-1])
         return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
-                "thread_cpu_per_step": last.get("thread_cpu_per_step", {})}
+                "thread_cpu_per_step": last.get("thread_cpu_per_step", {}), "phase_seconds": last.get("phase_seconds")}
 
 
 FRONTENDS = {"mxnet": ("mxnet", {}), "torch": ("torch", {"HOROVOD_SPIN_WAIT": "0"}),
@@ -381,6 +384,8 @@ def calibrate(timed: Dict[int, Dict], rate: str) -> Dict:
 
 
 def _print_collectives(result: Dict) -> None:
+    if "collectives_seconds" not in result:  # not measured (a failure, warned of)
+        return
     cal = result.get("calibration")
     if cal:
         sizes = ", ".join(f"{b / 1e6:.2f} MB" for b in cal["sizes_bytes"])
@@ -515,7 +520,9 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
             timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
-            arms: Sequence[str] = ARMS) -> Dict:
+            arms: Sequence[str] = ARMS, journal: str = "") -> Dict:
+    """The arms at each host count on the shaped hosts, interleaved over ``rounds`` (each sample also appended to
+    ``journal`` as it comes), then the step's collectives alone; a failure of the latter is a warning."""
     recipe_args = ["--hidden", str(hidden)]
     arms = tuple(arms)
     own_base = [a for a in arms if a not in ARMS]  # the PyTorch arms: their own run on one host
@@ -528,8 +535,13 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
         for n in hosts:
             for arm in arms:
                 variants[f"{arm} n={n}"] = _arm(arm, cluster, n, steps, warmup, batch_size, recipe_args, timeout)
-        res = compare(variants, rounds)
-        collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
+        res = compare(variants, rounds, journal)
+        try:
+            collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
+        except RuntimeError as e:  # the arms' hours of samples are kept: the collectives are an addendum
+            print(f"hvdtrain: warning: {e}; network.json is written without the collectives alone",
+                  file=sys.stderr, flush=True)
+            collectives = {"collectives_error": str(e)}
     ips = {k: v["images_per_sec"] for k, v in res.items()}
     # One baseline for every MXNet arm: the Gluon loop alone, no Horovod, no kvstore; a PyTorch arm's: its own host.
     bases = {arm: ips[f"{arm} n=1"] if arm in own_base else ips["single worker"] for arm in arms}
@@ -710,8 +722,12 @@ def run(args) -> int:
         return 0
     calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
     arms = parse_arms(args.frameworks)
+    journal = os.path.join(args.output_dir, "network.samples.jsonl")
+    if os.path.exists(journal):
+        os.remove(journal)  # this run's samples only
+    print(f"bench: every sample is appended to {journal} as it is measured", flush=True)
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
-                     burst=args.burst, cpu_quota=args.cpu_quota, arms=arms)
+                     burst=args.burst, cpu_quota=args.cpu_quota, arms=arms, journal=journal)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])

@@ -88,10 +88,11 @@ def _cpu_times() -> List[int]:
     return [sum(values) - idle, sum(values)]
 
 
-def compare(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Dict]:
+def compare(variants: Dict[str, Callable[[], Any]], rounds: int, journal: str = "") -> Dict[str, Dict]:
     """Each variant once per round, in alternating order; median, min, max and samples of its img/s, and the median
     fraction of the machine's cores that were busy while it ran. A variant returns its img/s, or a dict with
-    ``images_per_sec`` and more figures (kept per round under ``rounds``)."""
+    ``images_per_sec`` and more figures (kept per round under ``rounds``). ``journal``: a file that gets a JSON line
+    per sample as it is measured, so that a run which fails later (hours, for ``bench network``) keeps them."""
     names = list(variants)
     samples: Dict[str, List[float]] = {n: [] for n in names}
     busy: Dict[str, List[float]] = {n: [] for n in names}
@@ -103,6 +104,9 @@ def compare(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Di
             after = _cpu_times()
             if before and after and after[1] > before[1]:
                 busy[name].append((after[0] - before[0]) / (after[1] - before[1]))
+            if journal:
+                _append_line(journal, {"round": r + 1, "variant": name, "busy": busy[name][-1:],
+                                       "sample": value if isinstance(value, dict) else {"images_per_sec": value}})
             if isinstance(value, dict):
                 extra[name].append(value)
                 value = value["images_per_sec"]
@@ -116,6 +120,12 @@ def compare(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, Di
         if extra[n]:
             out[n]["rounds"] = extra[n]
     return out
+
+
+def _append_line(path: str, row: Dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def run_worker(cmd: List[str], result: str, timeout: float, what: str, env: Dict[str, str]) -> Dict:

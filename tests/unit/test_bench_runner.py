@@ -1,0 +1,48 @@
+"""The benchmarks' shared runner: interleaved rounds, the journal that keeps samples through a later failure, and
+the machine a result was measured on."""
+import json
+import os
+
+import pytest
+
+from hvdtrain.bench.runner import compare, machine
+
+
+def test_compare_interleaves_and_journals_every_sample_as_it_is_measured(tmp_path):
+    order = []
+
+    def variant(name, value):
+        def run():
+            order.append(name)
+            return value
+        return run
+
+    journal = tmp_path / "out" / "samples.jsonl"
+    res = compare({"a": variant("a", 10.0), "b": variant("b", {"images_per_sec": 20.0, "cpu": [0.1]})}, 2,
+                  str(journal))
+    assert order == ["a", "b", "b", "a"]  # the second round in reverse
+    assert res["a"]["samples"] == [10.0, 10.0] and res["b"]["rounds"] == [{"images_per_sec": 20.0, "cpu": [0.1]}] * 2
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(r["round"], r["variant"]) for r in rows] == [(1, "a"), (1, "b"), (2, "b"), (2, "a")]
+    assert rows[0]["sample"] == {"images_per_sec": 10.0} and rows[1]["sample"]["cpu"] == [0.1]
+
+
+def test_a_failure_in_a_later_round_leaves_the_earlier_samples_in_the_journal(tmp_path):
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("bench: the collectives on 8 host(s) failed")
+        return 5.0
+
+    journal = tmp_path / "samples.jsonl"
+    with pytest.raises(RuntimeError, match="8 host"):
+        compare({"steady": lambda: 7.0, "flaky": flaky}, 2, str(journal))
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(r["variant"], r["sample"]["images_per_sec"]) for r in rows] == [("steady", 7.0), ("flaky", 5.0)]
+
+
+def test_machine_names_the_processor_and_its_cores():
+    info = machine()
+    assert info["cores"] == os.cpu_count() and info["cpu"]
