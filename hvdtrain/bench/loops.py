@@ -52,23 +52,31 @@ def _torch_steps(model, opt, trainer, args, device, synchronize=lambda: None, st
     scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
     model.train()
     synchronize()
+    phases = args.phase_seconds = {"forward": 0.0, "backward": 0.0, "step": 0.0}
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
             synchronize()
             start, cpu, args.window = time.perf_counter(), time.process_time(), [time.time()]
             args.thread_cpu.start()
+            phases.update(dict.fromkeys(phases, 0.0))
+        t0 = time.perf_counter()
         opt.zero_grad()
         with torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext():
             loss = F.cross_entropy(model(x), y)
-        (scaler.scale(loss) if scaler else loss).backward()
+        t1 = time.perf_counter()
+        (scaler.scale(loss) if scaler else loss).backward()  # DDP: with its allreduces' wait
+        t2 = time.perf_counter()
         if step is not None:
             step(opt, scaler)
         elif scaler:
             scaler.step(opt)
             scaler.update()
         else:
-            opt.step()
+            opt.step()  # Horovod: with its allreduces' wait (synchronize)
         loss.item()
+        t3 = time.perf_counter()
+        for name, seconds in (("forward", t1 - t0), ("backward", t2 - t1), ("step", t3 - t2)):
+            phases[name] += seconds
     synchronize()
     args.cpu_seconds = time.process_time() - cpu
     args.threads = args.thread_cpu.stop()
@@ -262,12 +270,13 @@ def main() -> None:
     cut = argv.index("--") if "--" in argv else len(argv)  # the recipe's own options come after --
     args = parser.parse_args(argv[:cut])
     args.recipe_args = argv[cut + 1:]
-    args.cpu_seconds, args.thread_cpu = None, ThreadCpu()
+    args.cpu_seconds, args.thread_cpu, args.phase_seconds = None, ThreadCpu(), None
     out = LOOPS[args.loop](args)
     if args.cpu_seconds is not None:
         with open(f"{args.result}.rank{out['rank']}", "w") as f:
             json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps,
                        "thread_cpu_per_step": dict(zip(ROLES, per_step(args.threads, args.steps))),
+                       "phase_seconds_per_step": {k: v / args.steps for k, v in (args.phase_seconds or {}).items()},
                        "timed_window": args.window}, f)
     if out["rank"] == 0:
         images = out.get("images", args.steps * args.batch_size * out["size"])

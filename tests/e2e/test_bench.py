@@ -134,20 +134,27 @@ def _netns_and_links() -> tuple:
     return sorted(netns.split()), sorted(line.split(":")[1].strip() for line in links.splitlines())
 
 
-@pytest.mark.machine
-def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp_path):
-    """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links and a CPU quota each,
-    Horovod's loop, hvdtrain (plain and --shard-optimizer) and both parameter-server layouts, against one
-    single-worker baseline, with each process's CPU per step; every namespace, link and cgroup removed afterwards."""
+def _bench_network(tmp_path, *args: str, timeout: float):
+    """``bench network ARGS`` into tmp_path/bench (skipped where namespaces cannot be made): it succeeds and leaves
+    no namespace or link behind. Returns its result and its output directory."""
     why = why_no_netns()
     if why:
         pytest.skip(why)
     before = _netns_and_links()
     out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "network", "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
-                          "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--output-dir", str(out)),
-                 timeout=400)
+    result = run(hvdtrain("bench", "network", *args, "--output-dir", str(out)), timeout=timeout)
     assert result.returncode == 0, describe(result)
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    return result, out
+
+
+@pytest.mark.machine
+def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp_path):
+    """The shaped-network comparison at its smallest: 2 namespace hosts with tbf-limited links and a CPU quota each,
+    Horovod's loop, hvdtrain (plain and --shard-optimizer) and both parameter-server layouts, against one
+    single-worker baseline, with each process's CPU per step; every namespace, link and cgroup removed afterwards."""
+    result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
+                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", timeout=400)
     assert "every link limited to 200mbit each way (tc tbf, burst 3028 bytes), each host to 0.9 cores" \
         in result.stdout, describe(result)
     data = json.loads((out / "network.json").read_text())
@@ -172,7 +179,6 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
     assert data["collectives_ideal_seconds"]["2"]["allreduce"] == pytest.approx(data["gradient_mb"] * 8e6 / 200e6)
     assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
     assert _png(out / "network.png")
-    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
     assert not glob.glob("/sys/fs/cgroup/cpu/hvdtrain-net-*") + glob.glob("/sys/fs/cgroup/hvdtrain-net-*"), \
         "the benchmark left cgroups behind"
 
@@ -201,18 +207,42 @@ def test_a_shaped_host_reads_its_cpu_quota_as_a_container_would():
 
 
 @pytest.mark.machine
+def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp_path):
+    """--frameworks torch,ddp,horovod-torch on 2 shaped hosts: hvdtrain on PyTorch, DDP under torchrun on every host
+    (default and 1 MB buckets) and Horovod's own PyTorch loop, each against its own one-host run, each worker's CPU by
+    thread and (for the bare loops) its step's time by phase; a bad arm name is one line before any host is built."""
+    bad = run(hvdtrain("bench", "network", "--hosts", "2", "--frameworks", "torch,dpp", "--output-dir",
+                       str(tmp_path)), timeout=60)
+    assert bad.returncode == 2 and "--frameworks 'torch,dpp': unknown dpp; choose from" in bad.stderr, describe(bad)
+    assert len(bad.stderr.strip().splitlines()) == 1 and "hosts up" not in bad.stdout, describe(bad)
+    result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
+                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--frameworks",
+                                 "torch,ddp,horovod-torch", timeout=500)
+    data = json.loads((out / "network.json").read_text())
+    arms = ("hvdtrain torch", "ddp", "ddp bucket 1mb", "horovod torch")
+    assert tuple(data["arms"]) == arms
+    one, two = data["rows"]
+    assert all(one[arm]["efficiency"] == 1.0 and two[arm]["images_per_sec"] > 0 for arm in arms), data["rows"]
+    for arm in arms:
+        (sample,) = data["variants"][f"{arm} n=2"]["rounds"]
+        assert len(sample["worker_cpu_per_step"]) == 2 and all(c > 0 for c in sample["worker_cpu_per_step"]), arm
+        threads = sample["thread_cpu_per_step"]
+        assert all(v > 0 for v in threads["main"]) and all(v > 0 for v in threads["transport"]), (arm, threads)
+        if arm != "hvdtrain torch":  # the bare loops time their phases (hvdtrain's record has its own)
+            phases = sample["phase_seconds_per_step"]
+            assert set(phases) == {"forward", "backward", "step"} and all(len(v) == 2 for v in phases.values())
+            assert all(t > 0 for v in phases.values() for t in v), (arm, phases)
+    assert data["variants"]["hvdtrain torch n=2"]["rounds"][0]["phase_seconds"]["allreduce"] > 0
+    assert data["machine"]["cores"] == os.cpu_count()
+
+
+@pytest.mark.machine
 def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_links(tmp_path):
     """--collectives-only: the same shaped hosts, the allreduce and --shard-optimizer's reduce-scatter and allgather
     timed alone against their bytes at the rate, the links' cost model calibrated from them, and nothing left
     behind."""
-    why = why_no_netns()
-    if why:
-        pytest.skip(why)
-    before = _netns_and_links()
-    out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "network", "--collectives-only", "--hosts", "2", "--rate", "200mbit", "--hidden",
-                          "64", "--rounds", "1", "--output-dir", str(out)), timeout=300)
-    assert result.returncode == 0, describe(result)
+    result, out = _bench_network(tmp_path, "--collectives-only", "--hosts", "2", "--rate", "200mbit", "--hidden",
+                                 "64", "--rounds", "1", timeout=300)
     data = json.loads((out / "collectives.json").read_text())
     ops, ideal = data["collectives_seconds"]["2"], data["collectives_ideal_seconds"]["2"]
     assert set(ops) == set(ideal) == {"allreduce", "reducescatter", "allgather"}
@@ -227,7 +257,6 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert cal["alpha"] >= 0 and cal["gamma"] >= 0
     assert 0.9 * cal["beta_at_rate"] <= cal["beta"] <= 3 * cal["beta_at_rate"], cal  # no faster than the link
     assert "calibration (6 timed collectives" in result.stdout, describe(result)
-    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
 
 
 @pytest.mark.machine
@@ -235,16 +264,10 @@ def test_network_allreduce_paths_on_the_shaped_links(tmp_path):
     """--allreduce-paths: on two shaped hosts, the network's gradients averaged by Horovod per gradient, by Horovod
     on one flat tensor and by c10d's Gloo (its rendezvous on host0), each no faster than the link allows, each
     rank's CPU by thread, the processor recorded, and nothing left behind."""
-    why = why_no_netns()
-    if why:
-        pytest.skip(why)
     from hvdtrain.bench.allreduce_worker import PATHS
     from hvdtrain.bench.network import gradient_bytes
-    before = _netns_and_links()
-    out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "network", "--allreduce-paths", "--hosts", "2", "--rate", "200mbit", "--hidden",
-                          "64", "--rounds", "1", "--cpu-quota", "0", "--output-dir", str(out)), timeout=300)
-    assert result.returncode == 0, describe(result)
+    result, out = _bench_network(tmp_path, "--allreduce-paths", "--hosts", "2", "--rate", "200mbit", "--hidden",
+                                 "64", "--rounds", "1", "--cpu-quota", "0", timeout=300)
     data = json.loads((out / "paths.json").read_text())
     row = data["rows"]["2"]
     assert row["bytes"] == gradient_bytes(64) and row["max_error"] == 0.0, row
@@ -254,7 +277,6 @@ def test_network_allreduce_paths_on_the_shaped_links(tmp_path):
                                                       for p in PATHS), row
     assert data["machine"]["cores"] == os.cpu_count()
     assert f"2 host(s), c10d flat (1 tensor(s), {row['bytes'] / 1e6:.2f} MB)" in result.stdout, describe(result)
-    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
 
 
 @pytest.mark.parametrize("framework", ["mxnet", "torch"])
