@@ -45,7 +45,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from ..config import ConfigError
 from .costmodel import rate_bits
 from .ps import run_ps
-from .runner import check_sizes, compare, machine, run_worker, write
+from .runner import check_sizes, compare, free_port, run_worker, write
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
                        "netns_cluster.sh")
@@ -243,7 +243,6 @@ def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, rec
     --master-addr host0`` on every host (inside its namespace and quota), c10d's Gloo backend on the hosts' eth0,
     the same model, batch and loop as Horovod's (``hvdtrain.bench.loops ddp-torch``); ``bucket_cap_mb``: DDP's
     gradient bucket size (None: its default, 25 MB)."""
-    from .runner import free_port
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     port = str(free_port())
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
@@ -432,7 +431,6 @@ def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float
     """``--allreduce-paths``: the step's gradients averaged three ways on the same links and quota
     (:data:`hvdtrain.bench.allreduce_worker.PATHS`: Horovod per gradient, Horovod on one flat tensor, c10d's Gloo on
     it), interleaved in one job per host count; seconds and each rank's CPU by thread role per operation."""
-    from .runner import free_port
     shapes = ",".join("x".join(str(d) for d in s) for s in gradient_shapes(hidden))
     rows = {}
     with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
@@ -687,15 +685,6 @@ def plot(result: Dict, path: str) -> None:
     plt.close(fig)
 
 
-def _write_json(output_dir: str, name: str, result: Dict) -> None:
-    result.setdefault("machine", machine())
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, name)
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"bench: wrote {path}")
-
-
 def run(args) -> int:
     check_sizes(rounds=args.rounds, steps=args.steps, batch_size=args.batch_size, hidden=args.hidden)
     hosts = sorted({int(h) for h in args.hosts.split(",")})
@@ -708,7 +697,7 @@ def run(args) -> int:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                  rounds=args.rounds)
         _print_paths(result)
-        _write_json(args.output_dir, "paths.json", result)
+        write(args.output_dir, "paths", result)
         return 0
     if args.collectives_only:
         frontends = [f for f in args.frontends.split(",") if f]
@@ -718,7 +707,7 @@ def run(args) -> int:
         result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                   frontends=frontends, rounds=args.rounds)
         _print_collectives(result)
-        _write_json(args.output_dir, "collectives.json", result)
+        write(args.output_dir, "collectives", result)
         return 0
     calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
     arms = parse_arms(args.frameworks)

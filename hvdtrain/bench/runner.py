@@ -102,10 +102,12 @@ def compare(variants: Dict[str, Callable[[], Any]], rounds: int, journal: str = 
             before = _cpu_times()
             value = variants[name]()
             after = _cpu_times()
-            if before and after and after[1] > before[1]:
-                busy[name].append((after[0] - before[0]) / (after[1] - before[1]))
+            fraction = (after[0] - before[0]) / (after[1] - before[1]) if before and after and after[1] > before[1] \
+                else None
+            if fraction is not None:
+                busy[name].append(fraction)
             if journal:
-                _append_line(journal, {"round": r + 1, "variant": name, "busy": busy[name][-1:],
+                _append_line(journal, {"round": r + 1, "variant": name, "busy": fraction,
                                        "sample": value if isinstance(value, dict) else {"images_per_sec": value}})
             if isinstance(value, dict):
                 extra[name].append(value)
@@ -183,13 +185,17 @@ def machine() -> Dict:
     return {"cpu": name, "cores": os.cpu_count()}
 
 
-def write(output_dir: str, name: str, result, draw: Callable[[str], None]) -> None:
-    """NAME.json (``result``, with :func:`machine` added) and NAME.png (``draw(path)`` draws it) in ``output_dir``."""
+def write(output_dir: str, name: str, result, draw: Optional[Callable[[str], None]] = None) -> None:
+    """NAME.json (``result``, with :func:`machine` added) in ``output_dir``, and NAME.png where ``draw(path)`` draws
+    it."""
     if isinstance(result, dict):
         result.setdefault("machine", machine())
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=2)
+    if draw is None:
+        print(f"bench: wrote {output_dir}/{name}.json")
+        return
     draw(os.path.join(output_dir, f"{name}.png"))
     print(f"bench: wrote {output_dir}/{name}.json and {name}.png")
 
