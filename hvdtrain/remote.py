@@ -255,8 +255,8 @@ class RemoteOutput:
 
     def _write_lease(self, done: bool = False) -> None:
         self.fs.pipe_file(self._remote(LEASE_NAME), json.dumps(
-            {"host": socket.gethostname(), "pid": os.getpid(), "job": job_label(), "token": self.token, "since": self._since,
-             "renewed": time.time(), "done": done}).encode())
+            {"host": socket.gethostname(), "pid": os.getpid(), "job": job_label(), "token": self.token,
+             "since": self._since, "renewed": time.time(), "done": done}).encode())
 
     @staticmethod
     def _describe(lease: Dict[str, Any]) -> str:
