@@ -16,7 +16,7 @@ SCRIPT = os.path.join(ROOT, "scripts", "patch_horovod.py")
 def fake_sdist(root):
     (root / "horovod" / "torch").mkdir(parents=True)
     (root / "horovod" / "common" / "gloo").mkdir(parents=True)
-    (root / "third_party" / "gloo" / "gloo").mkdir(parents=True)
+    (root / "third_party" / "gloo" / "gloo" / "transport" / "tcp").mkdir(parents=True)
     for name in patch_horovod.CXX_FILES:
         (root / name).write_text(f"project(x)\n{patch_horovod.CXX14}\n")
     top = root / patch_horovod.CXX_FILES[0]
@@ -24,7 +24,7 @@ def fake_sdist(root):
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
     texts = {patch_horovod.OPERATIONS: [sites]}
     for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS \
-            + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER:
+            + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER:
         texts.setdefault(name, []).append(old)
     texts[patch_horovod.FIND_PYTORCH] = ["find_package_handle_standard_args(Pytorch)", patch_horovod.CUDA_TEST,
                                          "if (Pytorch_CUDA OR Pytorch_ROCM)"]
@@ -58,8 +58,13 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
     rs = (src / patch_horovod.REDUCE_SCATTER).read_text()
     assert rs.index("distSendDataBufs_[i]->waitSend();") < rs.index(patch_horovod.DISTRIBUTION), \
         "the sends are waited for before the distribution phase writes into the buffer"
+    pair = (src / patch_horovod.PAIR_CC).read_text()
+    assert pair.index("static void SetReadLowWater(") < pair.index("// read is called from:") < \
+        pair.index("SetReadLowWater(fd_, rcvlowat_, iov.iov_len);"), "a paused read waits for the rest of its part"
+    assert "SetReadLowWater(fd_, rcvlowat_, 1);" in pair and "int rcvlowat_ = 1;" in (
+        src / patch_horovod.PAIR_H).read_text(), "a part no buffer claimed yet wakes the reader at any byte"
     later = patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS + patch_horovod.GLOO_RANKS \
-        + patch_horovod.GLOO_REDUCE_SCATTER
+        + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
     fixes = 4 + len(later) + len(patch_horovod.CUDA_LANGUAGE)
