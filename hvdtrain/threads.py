@@ -10,6 +10,10 @@ none); of the others, the first born is Horovod's background thread (``hvd.init(
 transport). Checked with gdb on a 2-rank job: the background thread in ``BackgroundThreadLoop``, the two pollers in
 ``gloo::transport::tcp::Loop::run``. Python threads carry their own names. Every other thread is the framework's (its
 intra-op and engine pools). Nothing here imports a framework; reading the table costs a few system calls per thread.
+
+A thread's wake-ups are its voluntary context switches (``/proc/self/task/TID/status``): each time it slept (in
+epoll, on a lock, on a condition) and was woken. A transport thread's CPU is mostly paid per wake-up, so the two
+counts together say whether it wakes too often or works too long each time.
 """
 from __future__ import annotations
 
@@ -42,6 +46,26 @@ def thread_ticks(pid: str = "self") -> Dict[int, int]:
         except (OSError, IndexError):
             continue  # it ended between the listing and the read
         out[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return out
+
+
+def thread_wakeups(pid: str = "self") -> Dict[int, int]:
+    """Every live thread's voluntary context switches (its wake-ups from sleep), by thread id; {} without /proc."""
+    base = f"/proc/{pid}/task"
+    out = {}
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"{base}/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        out[int(tid)] = int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue
     return out
 
 
@@ -90,10 +114,14 @@ class ThreadCpu:
 
     def __init__(self):
         self._start: Optional[Dict[int, int]] = None
+        self._wakeups0: Dict[int, int] = {}
         self._cpu0 = 0.0
+        self.wakeups: Dict[str, int] = {}
+        """After ``stop()``: the live threads' wake-ups over the interval, by role (see the module's notes)."""
 
     def start(self) -> None:
         import time
+        self._wakeups0 = thread_wakeups()
         self._start = thread_ticks()
         self._cpu0 = time.process_time()
 
@@ -107,6 +135,9 @@ class ThreadCpu:
         main = threading.main_thread().native_id or os.getpid()
         for tid, ticks in now.items():
             out[role_of(tid, python, main)] += (ticks - self._start.get(tid, 0)) / _TICKS
+        self.wakeups = {role: 0 for role in ROLES if role != "ended"}
+        for tid, count in thread_wakeups().items():
+            self.wakeups[role_of(tid, python, main)] += count - self._wakeups0.get(tid, 0)
         live = sum(out.values())
         out["ended"] = max(0.0, cpu - live)  # threads gone before stop() (ticks make the sum coarse: 10 ms)
         return out

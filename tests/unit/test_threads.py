@@ -92,3 +92,35 @@ def test_thread_ticks_reads_every_thread():
     ticks = threads.thread_ticks()
     assert threading.main_thread().native_id in ticks
     assert threads.thread_ticks("0-no-such-process") == {}
+
+
+def test_wakeups_count_each_sleep_of_a_thread_by_role():
+    """A thread woken 30 times (a condition each time) shows at least 30 wake-ups under its role, over the interval
+    only; a process without /proc reads as no threads."""
+    ready, go, done, leave = threading.Semaphore(0), threading.Semaphore(0), threading.Event(), threading.Event()
+
+    def waiter():
+        for _ in range(30):
+            ready.release()
+            go.acquire()  # sleeps until the main thread releases it: one voluntary context switch at least
+        done.set()
+        leave.wait()  # alive when the meter stops: a thread that ended has no count left to read
+
+    t = threading.Thread(target=waiter, name="hvdtrain-waiter")
+    t.start()
+    ready.acquire()
+    meter = threads.ThreadCpu()
+    meter.start()
+    for i in range(30):
+        time.sleep(0.002)  # the waiter is asleep in acquire() before it is released
+        go.release()
+        if i < 29:
+            ready.acquire()
+    done.wait(10)
+    meter.stop()
+    leave.set()
+    t.join()
+    assert meter.wakeups["python"] >= 29, meter.wakeups
+    assert set(meter.wakeups) == set(threads.ROLES) - {"ended"}
+    assert threading.main_thread().native_id in threads.thread_wakeups()
+    assert threads.thread_wakeups("0-no-such-process") == {}
