@@ -168,6 +168,7 @@ def allreduce_paths(args) -> dict:
            "horovod flat": lambda: hvd.allreduce_(flat, op=hvd.Average, name="flat"), "c10d flat": c10d}
     seconds = {p: [] for p in PATHS}
     cpu = {p: [] for p in PATHS}
+    wakeups = {p: [] for p in PATHS}
     census = ThreadCpu()
     for _ in range(args.repeats):  # the paths interleaved: each sees the same machine
         for path in PATHS:
@@ -180,15 +181,18 @@ def allreduce_paths(args) -> dict:
                 ops[path]()
             seconds[path].append((time.perf_counter() - start) / args.rounds)
             cpu[path].append({role: s / args.rounds for role, s in census.stop().items()})
+            wakeups[path].append({role: n / args.rounds for role, n in census.wakeups.items()})
     mine = {p: {role: statistics.median(c[role] for c in cpu[p]) for role in cpu[p][0]} for p in PATHS}
     every = hvd.allgather_object(mine)  # each rank's CPU by role, for the range over ranks
+    woken = hvd.allgather_object({p: {role: statistics.median(w[role] for w in wakeups[p]) for role in wakeups[p][0]}
+                                  for p in PATHS})
     dist.barrier()
     dist.destroy_process_group()
     # every path averages ones into ones: a path that summed, or dropped a part, shows here
     error = max(float((t - 1).abs().max()) for t in [*grads, flat])
     return {"rank": rank, "size": n, "bytes": flat.numel() * 4, "tensors": len(grads), "max_error": error,
             "seconds": {p: statistics.median(v) for p, v in seconds.items()}, "samples": seconds,
-            "thread_cpu_per_op": every}
+            "thread_cpu_per_op": every, "thread_wakeups_per_op": woken}
 
 
 def torch_distributed(args) -> dict:

@@ -276,6 +276,7 @@ def main() -> None:
         with open(f"{args.result}.rank{out['rank']}", "w") as f:
             json.dump({"rank": out["rank"], "cpu_seconds_per_step": args.cpu_seconds / args.steps,
                        "thread_cpu_per_step": dict(zip(ROLES, per_step(args.threads, args.steps))),
+                       "thread_wakeups_per_step": {k: v / args.steps for k, v in args.thread_cpu.wakeups.items()},
                        "phase_seconds_per_step": {k: v / args.steps for k, v in (args.phase_seconds or {}).items()},
                        "timed_window": args.window}, f)
     if out["rank"] == 0:

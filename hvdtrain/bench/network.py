@@ -200,13 +200,14 @@ def _rank_cpu(result: str) -> Dict:
         with open(path) as f:
             row = json.load(f)
         rows.append((row["rank"], row["cpu_seconds_per_step"], row.get("thread_cpu_per_step") or {},
-                     row.get("phase_seconds_per_step") or {}))
+                     row.get("phase_seconds_per_step") or {}, row.get("thread_wakeups_per_step") or {}))
     rows.sort(key=lambda r: r[0])
     roles = rows[0][2] if rows else {}
     phases = rows[0][3] if rows else {}
     return {"worker_cpu_per_step": [r[1] for r in rows],
             "thread_cpu_per_step": {role: [r[2].get(role, 0.0) for r in rows] for role in roles},
-            "phase_seconds_per_step": {phase: [r[3].get(phase, 0.0) for r in rows] for phase in phases}}
+            "phase_seconds_per_step": {phase: [r[3].get(phase, 0.0) for r in rows] for phase in phases},
+            "thread_wakeups_per_step": {role: [r[4].get(role, 0.0) for r in rows] for role in roles if role != "ended"}}
 
 
 def _single(cluster: Cluster, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
@@ -455,9 +456,11 @@ def _print_paths(result: Dict) -> None:
                     for role in ("main", "horovod", "transport", "ended")}
             roles = ", ".join(f"{role} {1e3 * lo:.0f}-{1e3 * hi:.0f}" for role, (lo, hi) in span.items() if hi > 0)
             total = [sum(r.values()) for r in per_rank]
+            woken = [w[path]["transport"] for w in row.get("thread_wakeups_per_op", [])]
+            wakeups = f", transport wake-ups {min(woken):.0f}-{max(woken):.0f}" if woken else ""
             print(f"{n} host(s), {path} ({row['tensors'] if path == 'horovod gradients' else 1} tensor(s), "
                   f"{row['bytes'] / 1e6:.2f} MB): {1e3 * seconds:.0f} ms, CPU per operation "
-                  f"{1e3 * min(total):.0f}-{1e3 * max(total):.0f} ms over the ranks ({roles})", flush=True)
+                  f"{1e3 * min(total):.0f}-{1e3 * max(total):.0f} ms over the ranks ({roles}{wakeups})", flush=True)
 
 
 ARMS = ("horovod", "hvdtrain", "hvdtrain sharded", "ps 1 server", "ps server per host")
