@@ -17,7 +17,7 @@ from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
 from ..threads import created_by
 from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
-from .torch_groups import distributed_optimizer
+from .torch_groups import BUCKETS, distributed_optimizer
 from .torch_optim import make_optimizer as make_torch_optimizer, parameter_groups
 from .torch_sharded import ShardedOptimizer
 
@@ -179,7 +179,8 @@ class TorchBackend(Backend):
             # Horovod: reduce-scatter, update this rank's shard, allgather (torch_sharded); accumulation sums the
             # `accumulate` backward passes locally before the one reduce-scatter.
             self.optimizer = ShardedOptimizer(hvd, params, make_optimizer, compression, cfg.predivide)
-        elif groups:  # Horovod's grouped path, with --predivide honoured, no pickled collective, unused gradients as 0
+        elif groups:  # grouped allreduces in the backward pass's order, --predivide honoured, no pickled collective,
+            # unused gradients as 0 (torch_groups)
             self.optimizer = distributed_optimizer(make_optimizer(params), named, compression, cfg.accumulate,
                                                    cfg.predivide, groups)
         else:
@@ -195,6 +196,12 @@ class TorchBackend(Backend):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
+
+    def allreduce_groups(self, cfg) -> int:
+        """Auto's one group on the CPU becomes DDP's buckets in the backward pass's order (torch_groups.BUCKETS): the
+        first, small, is sent while the rest of the backward pass runs, where one group waits for all of it."""
+        groups = super().allreduce_groups(cfg)
+        return BUCKETS if cfg.allreduce_groups < 0 and groups == 1 else groups
 
     def _compile(self, cfg) -> None:
         """--compile: the model's blocks compiled in place (torch_compile), before Horovod's hooks are registered on

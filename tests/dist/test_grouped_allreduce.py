@@ -80,3 +80,34 @@ def test_torch_groups_pickle_nothing_and_count_an_uncomputed_gradient_as_zeros(f
     size = ops.hvd.size()
     np.testing.assert_allclose(a.grad.numpy(), np.full(3, (size + 1) / 2))
     np.testing.assert_allclose(b.grad.numpy(), np.full(2, 1.0 / size))
+
+
+def test_torch_buckets_send_the_last_layers_group_before_the_backward_pass_reaches_the_first(framework, ops):
+    """Auto on the CPU (DDP's buckets in the backward pass's order): the last layer's gradients (1.3 MB, a bucket of
+    their own) are handed to Horovod while the backward pass still has the first layer to do; groups cut in forward
+    order or by name waited for the first layer's gradients, so nothing left before the pass ended."""
+    if framework != "torch":
+        pytest.skip("PyTorch's grouped optimizer")
+    import torch
+    from hvdtrain.backends.torch_groups import BUCKETS
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(8, 16), torch.nn.Linear(16, 20000)
+    model = torch.nn.Sequential(first, last)
+    opt = _torch_optimizer(list(model.named_parameters()), groups=BUCKETS)
+    submitted = []
+
+    class Probe(torch.autograd.Function):  # its backward runs between the two layers' backward passes
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            submitted.append([[id(p) for p in key] for key in opt._handles if isinstance(key, tuple)])
+            return grad
+
+    last(Probe.apply(first(torch.ones(4, 8)))).sum().backward()
+    assert submitted == [[[id(last.bias), id(last.weight)]]], "the last layer's group had not left mid-backward"
+    opt.synchronize()
+    np.testing.assert_allclose(last.bias.grad.numpy(), np.full(20000, 4.0))  # the same on every rank: the average
+    assert not opt._handles  # every group waited for

@@ -1,0 +1,49 @@
+"""torch_groups.plan: the grouped allreduces follow the backward pass (last registered first), as DDP's buckets do."""
+import pytest
+import torch
+
+from hvdtrain.backends.torch_groups import BUCKETS, BUCKET_BYTES, FIRST_BUCKET_BYTES, plan
+
+
+def tensors(*numels):
+    return [torch.zeros(n) for n in numels]
+
+
+def ids(groups):
+    return [[id(p) for p in g] for g in groups]
+
+
+def test_buckets_put_the_mnist_heads_fully_connected_layers_first_and_the_convolutions_after():
+    # the MNIST recipe's CNN in registration order: conv1 w, b; conv2 w, b; fc1 w, b; fc2 w, b
+    params = tensors(288, 32, 18432, 64, 1605632, 512, 5120, 10)
+    groups = plan(params, BUCKETS)
+    assert ids(groups) == ids([params[7:3:-1], params[3::-1]])  # fc2, fc1 (6.4 MB) first; the convolutions after
+
+
+def test_buckets_close_at_ddps_sizes_and_hold_every_parameter_once_in_reverse_order():
+    mib = 1 << 20
+    numels = [mib // 4] * 60 + [mib // 8]  # 60 parameters of 1 MiB, then one of half a MiB (registered last)
+    params = tensors(*numels)
+    groups = plan(params, BUCKETS)
+    flat = [p for g in groups for p in g]
+    assert [id(p) for p in flat] == [id(p) for p in reversed(params)]
+    sizes = [sum(p.numel() * 4 for p in g) for g in groups]
+    assert sizes[0] == FIRST_BUCKET_BYTES + mib // 2  # the half MiB, then the first whole MiB reaches the cap
+    assert all(s == BUCKET_BYTES for s in sizes[1:-1]) and 0 < sizes[-1] <= BUCKET_BYTES, sizes
+
+
+@pytest.mark.parametrize("groups", [1, 2, 3, 8, 20])
+def test_n_groups_are_runs_of_about_equal_bytes_in_reverse_order(groups):
+    params = tensors(100, 100, 100, 100, 100, 100, 100, 100)
+    planned = plan(params, groups)
+    assert len(planned) == min(groups, len(params))
+    assert [id(p) for g in planned for p in g] == [id(p) for p in reversed(params)]
+    assert max(map(len, planned)) - min(map(len, planned)) <= 1, planned
+
+
+def test_one_large_parameter_cannot_starve_the_groups_after_it():
+    params = tensors(10, 10, 10, 10_000)  # the large one registered last: first in the backward pass
+    planned = plan(params, 3)
+    assert len(planned) == 3 and ids(planned)[0] == [id(params[3])]
+    with pytest.raises(ValueError, match="groups must be at least 1"):
+        plan(params, 0)
