@@ -106,10 +106,12 @@ class TrainConfig:
     CPU) while a --max-steps stop or a kill resumed mid-epoch then draws other masks."""
     allreduce_groups: int = -1
     """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
-    queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): 1 on the CPU,
-    where the cores that would overlap are the ones computing, 0 on a GPU, with --elastic and with --adasum. On
-    PyTorch the groups honour --predivide, run no pickled collective, and count a gradient a rank did not compute
-    as zeros (Horovod's own grouped path does none of these)."""
+    queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): on the CPU,
+    PyTorch's gradients in DDP's buckets (the first of 1 MiB, then 25 MiB each) and MXNet's in one group; 0 on a
+    GPU, with --elastic and with --adasum. On PyTorch the groups follow the backward pass (the parameters last
+    registered first; N cuts them into N runs of about equal bytes), so the first is sent while the pass runs; they
+    honour --predivide, run no pickled collective, and count a gradient a rank did not compute as zeros (Horovod's
+    own grouped path does none of these)."""
     shard_optimizer: bool = False
     """Shard the optimizer update across ranks (ZeRO stage 1, PyTorch's ZeroRedundancyOptimizer, here on both
     frameworks): the gradients go as one reduce-scatter, each rank updates 1/size of the weights and keeps 1/size of
