@@ -30,7 +30,8 @@ from typing import Any, Iterable, List, Sequence, Tuple
 BUCKETS = -1
 """``groups`` for DDP's buckets: the first closed at FIRST_BUCKET_BYTES, each of the others at BUCKET_BYTES."""
 FIRST_BUCKET_BYTES = 1 << 20
-"""DDP's first bucket (torch.distributed's default first-bucket size): small, so it leaves early in the backward pass."""
+"""DDP's first bucket (torch.distributed's default first-bucket size): small, so it leaves early in the backward
+pass."""
 BUCKET_BYTES = 25 << 20
 """DDP's default ``bucket_cap_mb``."""
 

@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrain.phases import PHASES
 from tests.e2e.conftest import read_metrics
-from tests.helpers import ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
+from tests.helpers import PY, ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
 
 TINY = "tests.tiny_recipe:TinyTrainer"
 ROW = re.compile(r"^\s+(\d+)\s+\S+\s+\d+\s+\d+\s+\w+\s.*$")  # rank host pid step phase ...
@@ -66,6 +66,19 @@ def test_timeline_window_records_only_its_steps(tmp_path, framework):
     starts = [e["pid"] for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE"]
     assert sorted(starts.count(pid) for pid in tensors) == [2] * len(tensors), (tensors, starts)
     assert len(tensors) == 4  # two layers, weight and bias
+
+
+def test_an_armed_timeline_leaves_an_idle_job_idle():
+    """--timeline-steps arms Horovod's timeline at start-up (HOROVOD_TIMELINE=DYNAMIC, so that a window can open
+    later). Horovod 0.28.1's timeline writer then spun in a yield loop for the whole job, recording or not: a core's
+    worth of CPU per rank, and under a quota the training's share (fix 10 makes it sleep while nothing is queued)."""
+    code = ("import time, torch, horovod.torch as hvd; hvd.init(); hvd.allreduce(torch.ones(1), name='warm'); "
+            "c = time.process_time(); time.sleep(1.5); "
+            "print('idle cpu', hvd.rank(), round(time.process_time() - c, 3), flush=True)")
+    r = run(horovodrun(2, PY, "-c", code), timeout=120, HOROVOD_TIMELINE="DYNAMIC", HOROVOD_IDLE_WAIT="1")
+    assert r.returncode == 0, describe(r)
+    cpu = [float(x) for x in re.findall(r"idle cpu \d ([\d.]+)", r.stdout)]
+    assert len(cpu) == 2 and max(cpu) < 0.3, (cpu, r.stdout[-2000:])  # spinning: about 1.5 s each
 
 
 def test_autotune_writes_its_log_and_prints_the_choice(tmp_path):

@@ -24,7 +24,8 @@ def fake_sdist(root):
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
     texts = {patch_horovod.OPERATIONS: [sites]}
     for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS \
-            + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER:
+            + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER \
+            + patch_horovod.TIMELINE_IDLE:
         texts.setdefault(name, []).append(old)
     texts[patch_horovod.FIND_PYTORCH] = ["find_package_handle_standard_args(Pytorch)", patch_horovod.CUDA_TEST,
                                          "if (Pytorch_CUDA OR Pytorch_ROCM)"]
@@ -63,8 +64,11 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
         pair.index("SetReadLowWater(fd_, rcvlowat_, iov.iov_len);"), "a paused read waits for the rest of its part"
     assert "SetReadLowWater(fd_, rcvlowat_, 1);" in pair and "int rcvlowat_ = 1;" in (
         src / patch_horovod.PAIR_H).read_text(), "a part no buffer claimed yet wakes the reader at any byte"
+    writer = (src / patch_horovod.TIMELINE_CC).read_text()
+    assert "std::this_thread::yield();" not in writer and "sleep_for(std::chrono::milliseconds(5))" in writer, \
+        "the timeline writer sleeps while its queue is empty"
     later = patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS + patch_horovod.GLOO_RANKS \
-        + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER
+        + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER + patch_horovod.TIMELINE_IDLE
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
     fixes = 4 + len(later) + len(patch_horovod.CUDA_LANGUAGE)
