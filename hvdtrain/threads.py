@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Dict, Iterator, List, Optional, Set
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 ROLES = ("main", "horovod", "transport", "framework", "python", "ended")
 """The fixed order of the roles (an allgather sends them as one vector): the training (main) thread; Horovod's
@@ -31,42 +31,41 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _born: Dict[int, str] = {}  # TID -> role, for the threads recorded by created_by()
 
 
-def thread_ticks(pid: str = "self") -> Dict[int, int]:
-    """Every live thread's CPU time (user + system) in clock ticks, by thread id; {} where /proc is missing."""
+def _per_thread(pid: str, name: str, parse: Callable[[str], int]) -> Dict[int, int]:
+    """``parse`` of every live thread's ``/proc/PID/task/TID/NAME``, by thread id; {} where /proc is missing (a thread
+    that ended between the listing and the read is left out)."""
     base = f"/proc/{pid}/task"
-    out = {}
     try:
         tids = os.listdir(base)
     except OSError:
-        return out
+        return {}
+    out = {}
     for tid in tids:
         try:
-            with open(f"{base}/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # it ended between the listing and the read
-        out[int(tid)] = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+            with open(f"{base}/{tid}/{name}") as f:
+                out[int(tid)] = parse(f.read())
+        except (OSError, IndexError, ValueError, StopIteration):
+            continue
     return out
+
+
+def _cpu_ticks(stat: str) -> int:
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def _voluntary_switches(status: str) -> int:
+    return int(next(line for line in status.splitlines() if line.startswith("voluntary_ctxt_switches:")).split()[1])
+
+
+def thread_ticks(pid: str = "self") -> Dict[int, int]:
+    """Every live thread's CPU time (user + system) in clock ticks, by thread id; {} where /proc is missing."""
+    return _per_thread(pid, "stat", _cpu_ticks)
 
 
 def thread_wakeups(pid: str = "self") -> Dict[int, int]:
     """Every live thread's voluntary context switches (its wake-ups from sleep), by thread id; {} without /proc."""
-    base = f"/proc/{pid}/task"
-    out = {}
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"{base}/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches:"):
-                        out[int(tid)] = int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue
-    return out
+    return _per_thread(pid, "status", _voluntary_switches)
 
 
 @contextlib.contextmanager
