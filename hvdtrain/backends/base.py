@@ -211,13 +211,17 @@ class Backend(abc.ABC):
         in_quota = sum(1 for row in host if row[1] == group) if quota else 1
         return thread_budget(mine, here, 0, slurm_cpus_per_task(), quota, in_quota)
 
+    cpu_allreduce_groups = 1
+    """What ``--allreduce-groups`` auto means on the CPU: one group here (measured in ``bench ddp``); the PyTorch
+    backend's groups follow the backward pass instead (torch_groups.BUCKETS)."""
+
     def allreduce_groups(self, cfg) -> int:
-        """``--allreduce-groups`` with auto (-1) resolved: one group on the CPU (measured in ``bench ddp``), none on a
-        GPU (per-gradient allreduces overlap the backward pass there), none in elastic mode (see the config) and none with
+        """``--allreduce-groups`` with auto (-1) resolved: :attr:`cpu_allreduce_groups` on the CPU, none on a GPU
+        (per-gradient allreduces overlap the backward pass there), none in elastic mode (see the config) and none with
         Adasum (Horovod's Adasum optimizer combines each parameter on its own)."""
         if cfg.allreduce_groups >= 0:
             return cfg.allreduce_groups
-        return 0 if self.on_gpu or cfg.elastic or cfg.adasum else 1
+        return 0 if self.on_gpu or cfg.elastic or cfg.adasum else self.cpu_allreduce_groups
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

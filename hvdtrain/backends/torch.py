@@ -103,6 +103,9 @@ def _within_timeout(loader, seconds: float) -> Iterator[Any]:
 
 class TorchBackend(Backend):
     name = "torch"
+    # --allreduce-groups auto on the CPU: DDP's buckets in the backward pass's order (torch_groups): the first, small,
+    # is sent while the rest of the backward pass runs, where one group waits for all of it.
+    cpu_allreduce_groups = BUCKETS
 
     def __init__(self):
         self.hvd = None
@@ -196,12 +199,6 @@ class TorchBackend(Backend):
             self.scaler = torch.amp.GradScaler(self.device.type)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
-
-    def allreduce_groups(self, cfg) -> int:
-        """Auto's one group on the CPU becomes DDP's buckets in the backward pass's order (torch_groups.BUCKETS): the
-        first, small, is sent while the rest of the backward pass runs, where one group waits for all of it."""
-        groups = super().allreduce_groups(cfg)
-        return BUCKETS if cfg.allreduce_groups < 0 and groups == 1 else groups
 
     def _compile(self, cfg) -> None:
         """--compile: the model's blocks compiled in place (torch_compile), before Horovod's hooks are registered on

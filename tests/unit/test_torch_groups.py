@@ -47,3 +47,13 @@ def test_one_large_parameter_cannot_starve_the_groups_after_it():
     assert len(planned) == 3 and ids(planned)[0] == [id(params[3])]
     with pytest.raises(ValueError, match="groups must be at least 1"):
         plan(params, 0)
+
+
+def test_auto_is_ddps_buckets_on_pytorchs_cpu_and_one_group_on_mxnets():
+    from types import SimpleNamespace
+    from hvdtrain.backends.mxnet import MXNetBackend
+    from hvdtrain.backends.torch import TorchBackend
+    cfg = SimpleNamespace(allreduce_groups=-1, elastic=False, adasum=False)
+    assert TorchBackend().allreduce_groups(cfg) == BUCKETS and MXNetBackend().allreduce_groups(cfg) == 1
+    assert TorchBackend().allreduce_groups(SimpleNamespace(allreduce_groups=2, elastic=False, adasum=False)) == 2
+    assert TorchBackend().allreduce_groups(SimpleNamespace(allreduce_groups=-1, elastic=True, adasum=False)) == 0
