@@ -184,12 +184,19 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
 
 
 def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
-    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``."""
+    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``. The hosts' interface is
+    named (as DDP's arm names it to c10d): horovodrun's own search for it starts a task service on every host and
+    has each probe the others, which at 8 hosts of 0.25 cores outran its 30 s start-up limit; the limit is raised too,
+    for the ssh start-ups that remain."""
     binary = os.path.dirname(sys.executable)
     hosts = ",".join(f"host{i}:1" for i in range(n))
     path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
     return [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n), "-H", hosts,
-            "--gloo", sys.executable, *command]
+            "--gloo", "--network-interfaces", "eth0", "--start-timeout", str(START_TIMEOUT), sys.executable, *command]
+
+
+START_TIMEOUT = 180
+"""Seconds horovodrun may take to start the bench's ranks (its default, 30, is for hosts with whole cores)."""
 
 
 def _rank_cpu(result: str) -> Dict:
