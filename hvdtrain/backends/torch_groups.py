@@ -38,32 +38,39 @@ BUCKET_BYTES = 25 << 20
 
 def plan(params: Sequence[Any], groups: int) -> List[Tuple[Any, ...]]:
     """``params`` (tensors in registration order) as the groups their allreduces are sent in, in the order the
-    backward pass completes them: the last registered first. ``groups`` > 0: that many runs of about equal bytes (fewer
-    when there are fewer parameters); :data:`BUCKETS`: DDP's buckets, each closed once it holds its cap or more."""
-    order = list(reversed(params))
-    sizes = [p.numel() * p.element_size() for p in order]
-    out: List[Tuple[Any, ...]] = []
-    current: List[Any] = []
+    backward pass completes them: the last registered first (:func:`plan_sizes`)."""
+    return [tuple(params[i] for i in group)
+            for group in plan_sizes([p.numel() * p.element_size() for p in params], groups)]
+
+
+def plan_sizes(sizes: Sequence[int], groups: int) -> List[List[int]]:
+    """The groups of :func:`plan` as indices into ``sizes`` (each parameter's bytes, in registration order), the
+    last registered first. ``groups`` > 0: that many runs of about equal bytes (fewer when there are fewer
+    parameters); :data:`BUCKETS`: DDP's buckets, each closed once it holds its cap or more. (The cost model plans a
+    profiled network's groups with it: ``bench network --predict-from``.)"""
+    order = list(reversed(range(len(sizes))))
+    out: List[List[int]] = []
+    current: List[int] = []
     filled = 0
     if groups == BUCKETS:
-        for p, size in zip(order, sizes):
-            current.append(p)
-            filled += size
+        for i in order:
+            current.append(i)
+            filled += sizes[i]
             if filled >= (FIRST_BUCKET_BYTES if not out else BUCKET_BYTES):
-                out.append(tuple(current))
+                out.append(current)
                 current, filled = [], 0
-        return out + [tuple(current)] if current else out
+        return out + [current] if current else out
     if groups < 1:
         raise ValueError(f"groups must be at least 1 or BUCKETS, got {groups}")
     total = sum(sizes)
-    for i, (p, size) in enumerate(zip(order, sizes)):
-        current.append(p)
-        filled += size
-        after, still = len(order) - i - 1, groups - len(out) - 1  # parameters left; groups to open after this one
+    for k, i in enumerate(order):
+        current.append(i)
+        filled += sizes[i]
+        after, still = len(order) - k - 1, groups - len(out) - 1  # parameters left; groups to open after this one
         if still > 0 and (filled * groups >= total * (len(out) + 1) or after == still):
-            out.append(tuple(current))
+            out.append(current)
             current = []
-    return out + [tuple(current)] if current else out
+    return out + [current] if current else out
 
 
 def _register_hooks(self) -> None:

@@ -234,6 +234,12 @@ class Compute:
     def gradient_bytes(self) -> float:
         return sum(b for b, _ in self.gradients)
 
+    def in_groups(self, groups: Sequence[Sequence[int]]) -> "Compute":
+        """The same step with its gradients sent in ``groups`` (indices into :attr:`gradients`, as hvdtrain's
+        ``--allreduce-groups`` forms them): each group one tensor of their bytes, ready with its last gradient."""
+        return Compute(self.forward, self.backward, self.update,
+                       [(sum(self.gradients[i][0] for i in g), max(self.gradients[i][1] for i in g)) for g in groups])
+
 
 def horovod_step(compute: Compute, hosts: int, per_host: int, net: Link, local: Optional[Link] = None,
                  cycle_time: float = 1e-3, threshold: float = 128 * 2 ** 20, hierarchical: bool = False,

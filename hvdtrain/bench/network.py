@@ -184,15 +184,16 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
 
 
 def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
-    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``. The hosts' interface is
-    named (as DDP's arm names it to c10d): horovodrun's own search for it starts a task service on every host and
-    has each probe the others, which at 8 hosts of 0.25 cores outran its 30 s start-up limit; the limit is raised too,
-    for the ssh start-ups that remain."""
+    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``. Over several hosts their
+    interface is named (as DDP's arm names it to c10d): horovodrun's own search for it starts a task service on every
+    host and has each probe the others, which at 8 hosts of 0.25 cores outran its 30 s start-up limit; the limit is
+    raised too, for the ssh start-ups that remain. (On host0 alone horovodrun wants the loopback, not eth0.)"""
     binary = os.path.dirname(sys.executable)
     hosts = ",".join(f"host{i}:1" for i in range(n))
     path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
+    nic = ["--network-interfaces", "eth0"] if n > 1 else []
     return [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n), "-H", hosts,
-            "--gloo", "--network-interfaces", "eth0", "--start-timeout", str(START_TIMEOUT), sys.executable, *command]
+            "--gloo", *nic, "--start-timeout", str(START_TIMEOUT), sys.executable, *command]
 
 
 START_TIMEOUT = 180
@@ -402,6 +403,11 @@ def _print_collectives(result: Dict) -> None:
               f"({mbit}; the rate alone: {1e9 * cal['beta_at_rate']:.2f}), gamma "
               f"{1e9 * cal['gamma']:.2f} ns per byte reduced; the fit's largest error "
               f"{100 * cal['max_relative_error']:.0f}%", flush=True)
+        ring = allreduce_link(cal)
+        if ring:
+            print(f"the allreduces alone (Horovod's arms): alpha {1e6 * ring['alpha']:.0f} us per message, "
+                  f"2 beta + gamma {1e9 * (2 * ring['beta'] + ring['gamma']):.2f} ns per byte; the fit's largest "
+                  f"error {100 * ring['max_relative_error']:.0f}%", flush=True)
     timed = result.get("frontends") or {result.get("framework", "mxnet"): result}
     for fe, res in timed.items():
         via = f" through {fe}" if "frontends" in result else ""
@@ -590,7 +596,17 @@ def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
                           f"calibrate at the same --rate and --cpu-quota")
     cpu = {int(n): ops["allreduce"] for n, ops in (data.get("collectives_cpu_seconds") or {}).items()}
     return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"]),
-            "allreduce_cpu_seconds": cpu}
+            "allreduce_cpu_seconds": cpu, "allreduce_link": allreduce_link(data["calibration"])}
+
+
+def allreduce_link(calibration: Dict) -> Optional[Dict[str, float]]:
+    """alpha, beta and gamma fitted to the calibration's allreduces alone (None with fewer than 3 of them): the link
+    as Horovod's arms use it. The fit over every operation also weighs Gloo's reduce-scatter and allgather through
+    Horovod, which scale otherwise on these hosts (at 200 Mbit/s and 0.25 cores: the reduce-scatter took as long on 3
+    hosts as the allreduce, 407 against 423 ms), and its error on the allreduce itself reached 43%."""
+    from .costmodel import fit_link
+    timed = [tuple(t) for t in calibration.get("timings") or [] if t[0] == "allreduce"]
+    return fit_link(timed) if len(timed) >= 3 else None
 
 
 def _median_worker_cpu(variant: Dict) -> Optional[float]:
@@ -602,7 +618,8 @@ def _median_worker_cpu(variant: Dict) -> Optional[float]:
 
 def predict(result: Dict, calibration: Dict) -> List[Dict]:
     """The cost model's step time and img/s for each measured arm and host count: the links from ``calibration``
-    (fitted to collectives on other host counts), one worker's compute from this run's single-worker arm, when each
+    (fitted to collectives on other host counts; for Horovod's arms to its allreduces alone, :func:`allreduce_link`,
+    whose beta and gamma come out as one sum, which is all a ring allreduce's cost uses), one worker's compute from this run's single-worker arm, when each
     gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.profile.measure`).
 
     Under a CPU quota the hvdtrain arms are predicted twice: with the links alone (``links_only_*``), and with the
@@ -610,15 +627,25 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     measured CPU per step, and an allreduce's CPU fitted to the calibration's collectives, timed alone on other host
     counts), the step being the longer of the two; ``predicted_*`` and ``error`` are the latter's. The parameter
     server arms keep the links alone (their servers' CPU is not modelled)."""
-    from .costmodel import HostCpu, Link, fit_cpu, horovod_step, ps_step
+    from .costmodel import HostCpu, Link, fit_cpu, horovod_step, ps_step, ring_allreduce
     from .profile import measure
+    from ..backends.base import Backend
+    from ..backends.torch_groups import BUCKETS, plan_sizes
     link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
+    fitted = calibration.get("allreduce_link")
+    ring = Link(fitted["alpha"], fitted["beta"], fitted["gamma"]) if fitted else link  # Horovod's arms: allreduces
     batch = result["batch_size"]
     profile = measure("mnist", batch_size=batch, hidden=result["hidden"])
     one = result["rows"][0]
     mxnet = [a for a in ARMS if a in one]
     compute = profile.scaled(batch / one[mxnet[0]]["images_per_sec"]) if mxnet else None  # the single worker's step
     torch = profile.scaled(batch / one[TORCH_ARM]["images_per_sec"]) if TORCH_ARM in one else None
+    # hvdtrain's arms send their gradients in groups on the CPU (--allreduce-groups auto): MXNet's one group after
+    # the backward pass, PyTorch's DDP buckets (the first leaves during it); stock Horovod's one per gradient.
+    sizes = [int(b) for b, _ in profile.gradients]
+    grouped = {"hvdtrain": (compute, plan_sizes(sizes, Backend.cpu_allreduce_groups)),
+               TORCH_ARM: (torch, plan_sizes(sizes, BUCKETS))}
+    hvdtrain_arm = {arm: c.in_groups(g) if c is not None else None for arm, (c, g) in grouped.items()}
     cores, cpu_fit = float(result.get("cpu_quota_cores") or 0), calibration.get("allreduce_cpu_seconds")
     host_cpu = {}
     if cores and cpu_fit:
@@ -630,23 +657,37 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     rows = []
     for row in result["rows"][1:]:
         n = row["hosts"]
-        model = {"hvdtrain": lambda cpu=None: horovod_step(compute, n, 1, link, cpu=cpu),
-                 "ps 1 server": lambda cpu=None: ps_step(compute, n, 1, 1, link),
-                 "ps server per host": lambda cpu=None: ps_step(compute, n, 1, n, link),
-                 TORCH_ARM: lambda cpu=None: horovod_step(torch, n, 1, link, cpu=cpu)}
-        for arm, step in model.items():
+        # The run's own allreduce alone at n hosts (timed after its arms), where it was: the step predicted again
+        # with the link scaled to it separates the links' extrapolation from the step's model (a diagnosis only).
+        alone = (result.get("collectives_seconds") or {}).get(str(n), {}).get("allreduce")
+        extrapolated = ring_allreduce(profile.gradient_bytes, n, ring)
+        k = alone / extrapolated if alone else None
+        for arm in ("hvdtrain", "ps 1 server", "ps server per host", TORCH_ARM):
             if arm not in row:
                 continue
+
+            def step(cpu=None, scale=1.0, arm=arm):
+                if arm.startswith("ps"):
+                    return ps_step(compute, n, 1, 1 if arm == "ps 1 server" else n, link)
+                on = Link(ring.alpha * scale, ring.beta * scale, ring.gamma * scale)
+                return horovod_step(hvdtrain_arm[arm], n, 1, on, cpu=cpu)
+
             links, res = step(), step(host_cpu.get(arm))
             single = torch if arm == TORCH_ARM else compute
             measured = result["variants"][f"{arm} n={n}"]["images_per_sec"]
             predicted, links_only = n * batch / res["seconds"], n * batch / links["seconds"]
-            rows.append({"hosts": n, "arm": arm, "predicted_images_per_sec": predicted,
-                         "measured_images_per_sec": measured, "error": predicted / measured - 1,
-                         "predicted_efficiency": single.seconds / res["seconds"],
-                         "measured_efficiency": row[arm]["efficiency"],
-                         "links_only_images_per_sec": links_only, "links_only_error": links_only / measured - 1,
-                         "cpu_bound": bool(res.get("cpu_bound")), "calibrated_on_hosts": calibration["hosts"]})
+            out = {"hosts": n, "arm": arm, "predicted_images_per_sec": predicted,
+                   "measured_images_per_sec": measured, "error": predicted / measured - 1,
+                   "predicted_efficiency": single.seconds / res["seconds"],
+                   "measured_efficiency": row[arm]["efficiency"],
+                   "links_only_images_per_sec": links_only, "links_only_error": links_only / measured - 1,
+                   "cpu_bound": bool(res.get("cpu_bound")), "calibrated_on_hosts": calibration["hosts"],
+                   "link_fitted_to": "allreduce" if fitted and not arm.startswith("ps") else "every collective"}
+            if k and not arm.startswith("ps"):
+                again = n * batch / step(host_cpu.get(arm), k)["seconds"]
+                out.update({"allreduce_alone_seconds": {"extrapolated": extrapolated, "measured": alone},
+                            "error_with_the_measured_allreduce": again / measured - 1})
+            rows.append(out)
     return rows
 
 
@@ -657,6 +698,11 @@ def _print_prediction(rows: List[Dict]) -> None:
         print(f"{r['hosts']} host(s), {r['arm']}: predicted {r['predicted_images_per_sec']:.1f} img/s "
               f"({100 * r['predicted_efficiency']:.0f}%), measured {r['measured_images_per_sec']:.1f} "
               f"({100 * r['measured_efficiency']:.0f}%): {100 * r['error']:+.0f}%{cpu}", flush=True)
+        if "allreduce_alone_seconds" in r:
+            a = r["allreduce_alone_seconds"]
+            print(f"  the allreduce alone: extrapolated {1e3 * a['extrapolated']:.0f} ms, measured "
+                  f"{1e3 * a['measured']:.0f} ms; with the measured one the step would be "
+                  f"{100 * r['error_with_the_measured_allreduce']:+.0f}% off", flush=True)
 
 
 def plot(result: Dict, path: str) -> None:
