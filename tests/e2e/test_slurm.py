@@ -128,7 +128,11 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         deadline = time.monotonic() + 90
         while "PENDING" not in slurm.jobs():
             assert time.monotonic() < deadline, f"the job was not requeued: {slurm.jobs()}\n{_job_log(out)}"
-            time.sleep(1)
+            time.sleep(0.2)
+        # Held until host1 is back and its old step gone (released below): Slurm's requeue delay alone let it start
+        # 7 s after the failure on a loaded machine, beside the old step, which then killed it (exit 143).
+        held = slurm.run("scontrol", "hold", slurm.jobs().split()[0], timeout=30)
+        assert held.returncode == 0, describe(held)
         log = _job_log(out)
         assert "Node failure on host1" in log and "DUE TO NODE FAILURE" in log, log
         # slurmstepd ends the step's tasks on host0 with SIGTERM and, KillWait (5 s) later, SIGKILL; srun waits up to
@@ -141,13 +145,15 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
         slurm.node("host1", "start")
         job_id = slurm.jobs().split()[0]
         # host1 registers again (ReturnToService=2), and its slurmd ends the job's old step there (its ranks went on
-        # without a slurmd). The requeued job starts only after both: Slurm's requeue delay, skipped below, is what
-        # gives them that time, and a new step 4.0 launched beside the old one fails on the old one's sockets.
+        # without a slurmd). The requeued job starts only after both (held above, released below): a new step 4.0
+        # launched beside the old one fails on the old one's sockets.
         deadline = time.monotonic() + 60
         while (left := _hvdtrain_processes(slurm.state, "host1", also=(f"slurmstepd: [{job_id}.",))) or \
                 slurm.run("sinfo", "-h", "-n", "host1", "-o", "%T", timeout=30).stdout.strip() != "idle":
             assert time.monotonic() < deadline, f"host1 is not back, or its old step still runs: {left}"
             time.sleep(0.5)
+        released = slurm.run("scontrol", "release", job_id, timeout=30)
+        assert released.returncode == 0, describe(released)
         slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", timeout=30)  # skip Slurm's requeue delay
         output, _ = job.communicate(timeout=180)
         ref_output, _ = reference.communicate(timeout=180)
