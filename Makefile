@@ -183,7 +183,7 @@ test: install
 test-stacks:
 	bash scripts/test_stacks.sh $(STACKS)
 
-test-unit: deps
+test-unit: install
 	$(PY) -m pytest -q tests/unit
 
 doctor: install
