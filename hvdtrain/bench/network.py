@@ -619,8 +619,10 @@ def _median_worker_cpu(variant: Dict) -> Optional[float]:
 def predict(result: Dict, calibration: Dict) -> List[Dict]:
     """The cost model's step time and img/s for each measured arm and host count: the links from ``calibration``
     (fitted to collectives on other host counts; for Horovod's arms to its allreduces alone, :func:`allreduce_link`,
-    whose beta and gamma come out as one sum, which is all a ring allreduce's cost uses), one worker's compute from this run's single-worker arm, when each
-    gradient is ready from the network's PyTorch twin on this machine (:func:`hvdtrain.bench.profile.measure`).
+    whose beta and gamma come out as one sum, which is all a ring allreduce's cost uses), one worker's compute from
+    this run's single-worker arm, when each gradient is ready from the network's PyTorch twin on this machine
+    (:func:`hvdtrain.bench.profile.measure`), the gradients in the groups each backend sends on the CPU (MXNet's
+    inherits the base's one group).
 
     Under a CPU quota the hvdtrain arms are predicted twice: with the links alone (``links_only_*``), and with the
     host's CPU shared by the compute and the collectives (:class:`hvdtrain.bench.costmodel.HostCpu`: the one worker's
@@ -630,7 +632,8 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     from .costmodel import HostCpu, Link, fit_cpu, horovod_step, ps_step, ring_allreduce
     from .profile import measure
     from ..backends.base import Backend
-    from ..backends.torch_groups import BUCKETS, plan_sizes
+    from ..backends.torch import TorchBackend
+    from ..backends.torch_groups import plan_sizes
     link = Link(calibration["alpha"], calibration["beta"], calibration["gamma"])
     fitted = calibration.get("allreduce_link")
     ring = Link(fitted["alpha"], fitted["beta"], fitted["gamma"]) if fitted else link  # Horovod's arms: allreduces
@@ -643,9 +646,8 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     # hvdtrain's arms send their gradients in groups on the CPU (--allreduce-groups auto): MXNet's one group after
     # the backward pass, PyTorch's DDP buckets (the first leaves during it); stock Horovod's one per gradient.
     sizes = [int(b) for b, _ in profile.gradients]
-    grouped = {"hvdtrain": (compute, plan_sizes(sizes, Backend.cpu_allreduce_groups)),
-               TORCH_ARM: (torch, plan_sizes(sizes, BUCKETS))}
-    hvdtrain_arm = {arm: c.in_groups(g) if c is not None else None for arm, (c, g) in grouped.items()}
+    hvdtrain_arm = {arm: c.in_groups(plan_sizes(sizes, backend.cpu_allreduce_groups)) if c is not None else None
+                    for arm, c, backend in (("hvdtrain", compute, Backend), (TORCH_ARM, torch, TorchBackend))}
     cores, cpu_fit = float(result.get("cpu_quota_cores") or 0), calibration.get("allreduce_cpu_seconds")
     host_cpu = {}
     if cores and cpu_fit:

@@ -131,7 +131,8 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
             time.sleep(0.2)
         # Held until host1 is back and its old step gone (released below): Slurm's requeue delay alone let it start
         # 7 s after the failure on a loaded machine, beside the old step, which then killed it (exit 143).
-        held = slurm.run("scontrol", "hold", slurm.jobs().split()[0], timeout=30)
+        job_id = slurm.jobs().split()[0]
+        held = slurm.run("scontrol", "hold", job_id, timeout=30)
         assert held.returncode == 0, describe(held)
         log = _job_log(out)
         assert "Node failure on host1" in log and "DUE TO NODE FAILURE" in log, log
@@ -143,7 +144,6 @@ def test_node_failure_ends_the_job_naming_the_node_and_the_requeue_resumes(slurm
             time.sleep(0.5)
         slow.unlink()
         slurm.node("host1", "start")
-        job_id = slurm.jobs().split()[0]
         # host1 registers again (ReturnToService=2), and its slurmd ends the job's old step there (its ranks went on
         # without a slurmd). The requeued job starts only after both (held above, released below): a new step 4.0
         # launched beside the old one fails on the old one's sockets.
