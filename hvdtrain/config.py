@@ -283,6 +283,12 @@ class TrainConfig:
         self.timeline_window()  # raises on a malformed --timeline-steps
         if self.profile_steps < 0:
             raise ConfigError(f"--profile-steps must be 0 or more, got {self.profile_steps}")
+        if self.precision == "auto":
+            from .precision import forced_auto
+            try:
+                forced_auto()
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if self.adasum and self.predivide != 1.0:
             raise ConfigError("--predivide cannot be combined with --adasum")
         if self.adasum and self.dynamic_loss_scale():

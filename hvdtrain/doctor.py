@@ -185,9 +185,15 @@ def _precisions(gpus: bool) -> Row:
     if not native:
         cpu += ": MXNet refuses --precision bf16 here, PyTorch runs it slowly"
     from .backends import backend_class
+    try:
+        forced = precision.forced_auto()
+    except ValueError as e:
+        return ("FAIL", "precisions", str(e), f"unset {precision.AUTO_VARIABLE} or set bf16 or fp32")
+    if forced:
+        cpu += f"; {precision.AUTO_VARIABLE}={forced} decides auto here"
     picks = []
     for fw in installed_frameworks() or ["torch", "mxnet"]:
-        picked, _ = precision.choose("auto", gpus, native, slower_bf16=backend_class(fw).slower_bf16)
+        picked, _ = precision.choose("auto", gpus, native, slower_bf16=backend_class(fw).slower_bf16, forced=forced)
         picks.append(f"{picked} on {fw}")
     return ("ok", "precisions", f"{cpu}{'; GPU: fp16' if gpus else ''}; --precision auto picks {', '.join(picks)}",
             "")

@@ -12,6 +12,11 @@ oneDNN, under both frameworks, can be told to use fewer instructions than the pr
 ``ONEDNN_MAX_CPU_ISA``, e.g. ``AVX2``); a cap below ``AVX512_CORE_BF16`` makes bf16 emulated however capable the
 processor, and is read here too. That is also how the tests run the no-bf16 paths on a processor that has bf16.
 
+``HVDTRAIN_AUTO_PRECISION=bf16|fp32`` forces what auto decides on a CPU, as a processor with native bf16 (bf16, or
+fp32 where the framework's bf16 is slower) or one without it (fp32) would: the test suite runs the tests that compare
+figures under both outcomes on any machine (``make test``), and a user can pin auto's outcome for a whole cluster.
+Explicit ``--precision`` values and GPUs are not affected.
+
 Pure functions: the backends decide what the framework can do (a GPU, the refusal); nothing here imports one.
 """
 from __future__ import annotations
@@ -29,6 +34,9 @@ NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
 AVX512_CORE = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 """What oneDNN calls AVX512_CORE: below it, MXNet 1.9.1's oneDNN has no bf16 convolution."""
 ISA_CAP_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+AUTO_VARIABLE = "HVDTRAIN_AUTO_PRECISION"
+"""Environment variable: bf16 or fp32, what --precision auto decides on a CPU whatever the processor has."""
+AUTO_OUTCOMES = ("bf16", "fp32")
 
 # oneDNN's ISA names in increasing order (its documented values of DNNL_MAX_CPU_ISA), and the least of them that
 # runs each native bf16 instruction set.
@@ -96,19 +104,36 @@ def detect_cpu_bf16(environ: Mapping[str, str] = os.environ) -> Tuple[Tuple[str,
     return native_bf16(flags, cap), missing_bf16(flags, cap)
 
 
+def forced_auto(environ: Mapping[str, str] = os.environ) -> str:
+    """$HVDTRAIN_AUTO_PRECISION: "bf16", "fp32", or "" when unset. Raises ValueError, naming the variable, for any
+    other value."""
+    value = environ.get(AUTO_VARIABLE, "").strip().lower()
+    if value and value not in AUTO_OUTCOMES:
+        raise ValueError(f"{AUTO_VARIABLE}={environ[AUTO_VARIABLE]!r} is not one of {', '.join(AUTO_OUTCOMES)} "
+                         f"(what --precision auto decides on a CPU): set one of them or unset it")
+    return value
+
+
 def choose(requested: str, on_gpu: bool, native: Sequence[str], missing: str = "",
-           adasum: bool = False, slower_bf16: str = "") -> Tuple[str, str]:
+           adasum: bool = False, slower_bf16: str = "", forced: str = "") -> Tuple[str, str]:
     """(precision, reason) for ``--precision requested``: auto resolved as the module docstring says.
 
     ``native``: :func:`native_bf16` of this CPU; ``missing``: :func:`missing_bf16`, said when bf16 is not chosen.
     With ``adasum`` auto never picks fp16 (Adasum and loss scaling exclude each other). ``slower_bf16``: why the
-    framework's bf16 is slower than its fp32 on a CPU even with native bf16 (then auto keeps fp32 there)."""
+    framework's bf16 is slower than its fp32 on a CPU even with native bf16 (then auto keeps fp32 there).
+    ``forced``: :func:`forced_auto`, which decides on a CPU in place of ``native``."""
     if requested != "auto":
         return requested, f"--precision {requested}"
     if on_gpu:
         if adasum:
             return "fp32", "auto: a GPU, fp32 because --adasum excludes fp16's loss scaling"
         return "fp16", "auto: a GPU, fp16 with dynamic loss scaling"
+    if forced == "fp32":
+        return "fp32", f"auto: {AUTO_VARIABLE}=fp32, as on a CPU without native bf16"
+    if forced == "bf16":
+        if slower_bf16:
+            return "fp32", f"auto: {AUTO_VARIABLE}=bf16, as on a CPU with native bf16, but {slower_bf16}"
+        return "bf16", f"auto: {AUTO_VARIABLE}=bf16, as on a CPU with native bf16"
     if native and slower_bf16:
         return "fp32", f"auto: the CPU has native bf16 ({', '.join(native)}), but {slower_bf16}"
     if native:
@@ -116,4 +141,5 @@ def choose(requested: str, on_gpu: bool, native: Sequence[str], missing: str = "
     return "fp32", f"auto: no native bf16 on this CPU: {missing or 'bf16 would be emulated'}"
 
 
-__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "detect_cpu_bf16", "choose", "NATIVE_BF16", "AVX512_CORE", "PRECISIONS"]
+__all__ = ["read_cpu_flags", "isa_cap", "native_bf16", "missing_bf16", "detect_cpu_bf16", "forced_auto", "choose",
+           "NATIVE_BF16", "AVX512_CORE", "PRECISIONS", "AUTO_VARIABLE"]

@@ -14,9 +14,28 @@ one worker, never beside each other. A test elsewhere that does so is marked ``@
 network benchmarks of test_bench.py): it joins them, and the rest of its file runs beside them."""
 
 
+AUTO_OUTCOMES = ("fp32", "bf16")
+"""What ``--precision auto`` decides on a CPU without and with native bf16 (HVDTRAIN_AUTO_PRECISION forces either)."""
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "machine: changes the machine (namespaces, links, cgroups); run with the "
                                        "files of MACHINE_WIDE, one after another")
+
+
+@pytest.fixture(scope="module", params=AUTO_OUTCOMES, ids=[f"auto={o}" for o in AUTO_OUTCOMES])
+def auto_precision(request):
+    """For tests that compare figures of runs under ``--precision auto``: the module runs once as on a processor
+    without native bf16 and once as on one with it (HVDTRAIN_AUTO_PRECISION, inherited by every command the tests
+    run), whatever this machine has, so no processor kind turns the suite red. Yields the outcome."""
+    from hvdtrain.precision import AUTO_VARIABLE
+    before = os.environ.get(AUTO_VARIABLE)
+    os.environ[AUTO_VARIABLE] = request.param
+    yield request.param
+    if before is None:
+        os.environ.pop(AUTO_VARIABLE, None)
+    else:
+        os.environ[AUTO_VARIABLE] = before
 
 
 @pytest.hookimpl(tryfirst=True)

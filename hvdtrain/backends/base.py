@@ -160,7 +160,8 @@ class Backend(abc.ABC):
         its config's after ``init``). The ranks then agree (:meth:`agree_precision`)."""
         native, self.bf16_missing = precisions.detect_cpu_bf16()
         self.precision, self.precision_reason = precisions.choose(cfg.precision, on_gpu, native, self.bf16_missing,
-                                                                 cfg.adasum, self.slower_bf16)
+                                                                 cfg.adasum, self.slower_bf16,
+                                                                 precisions.forced_auto())  # checked by validate
         return on_gpu or bool(native)
 
     def precision_refusal(self, native_bf16: bool) -> str:

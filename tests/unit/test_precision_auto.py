@@ -57,3 +57,21 @@ def test_auto_keeps_fp32_where_the_frameworks_bf16_is_slower():
     precision, why = p.choose("auto", False, ("amx_bf16",), slower_bf16="its bf16 is slower")
     assert precision == "fp32" and why == "auto: the CPU has native bf16 (amx_bf16), but its bf16 is slower"
     assert p.choose("bf16", False, ("amx_bf16",), slower_bf16="its bf16 is slower")[0] == "bf16"
+
+
+def test_auto_can_be_forced_to_either_processors_outcome():
+    """HVDTRAIN_AUTO_PRECISION: what auto decides on a CPU, as a processor with or without native bf16 would, on
+    any machine (the suite runs its figure-comparing tests under both); explicit precisions and GPUs keep theirs."""
+    assert p.forced_auto({}) == "" and p.forced_auto({p.AUTO_VARIABLE: " BF16 "}) == "bf16"
+    assert p.choose("auto", False, (), forced="bf16") == ("bf16", "auto: HVDTRAIN_AUTO_PRECISION=bf16, as on a CPU "
+                                                                 "with native bf16")
+    assert p.choose("auto", False, ("amx_bf16",), forced="fp32")[0] == "fp32"
+    assert p.choose("auto", False, (), slower_bf16="its bf16 is slower", forced="bf16")[0] == "fp32"
+    assert p.choose("auto", True, (), forced="bf16")[0] == "fp16"
+    assert p.choose("fp32", False, (), forced="bf16")[0] == "fp32"
+    try:
+        p.forced_auto({p.AUTO_VARIABLE: "fp16"})
+    except ValueError as e:
+        assert str(e).startswith("HVDTRAIN_AUTO_PRECISION='fp16' is not one of bf16, fp32"), e
+    else:
+        raise AssertionError("fp16 accepted")
