@@ -21,6 +21,13 @@ class ConfigError(ValueError):
     """A user error in flags, config or data paths: printed as one line, exit status 2."""
 
 
+BASE_LRS = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001, "lars": 4.0, "lamb": 0.01}
+"""The base rate of each --optimizer (per worker and micro-batch, before the linear rule scales it) where a recipe
+declares none of its own: SGD's common 0.01; Adam's and AdamW's 0.001 (Kingma and Ba; PyTorch's, Keras's and
+MXNet's defaults); LAMB's 0.01 and LARS's 4 (its step is rate x eta x ||w||, eta 0.001) as measured on the MNIST
+recipe (docs/running.md#the-learning-rate-of-each-optimizer)."""
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -47,8 +54,9 @@ class TrainConfig:
     """Samples per worker per step; the global batch is batch_size x world size x accumulate."""
     eval_batch_size: int = 0
     """Samples per worker per evaluation step (0: twice --batch-size)."""
-    base_lr: float = 0.01
-    """Learning rate for one worker and one micro-batch; scaled by world size x accumulate after warmup."""
+    base_lr: float = 0.0
+    """Learning rate for one worker and one micro-batch; scaled by world size x accumulate after warmup (0: the
+    recipe's rate for --optimizer, listed at the end of --help)."""
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "step"
     """Decay after warmup: step (x --lr-decay at each milestone), cosine, poly or constant."""
     lr_milestones: Tuple[int, ...] = ()
@@ -196,6 +204,24 @@ class TrainConfig:
     autotune: bool = False
     """Let Horovod's autotuner choose the fusion threshold and cycle time; its log goes to OUTPUT_DIR/autotune.csv
     and the best values found are printed at the end."""
+
+    base_lrs = BASE_LRS
+    # The base rate of each optimizer in this recipe (a plain class attribute: not a flag); a recipe replaces the
+    # entries it has measured, e.g. ``base_lrs = {**BASE_LRS, "sgd": 0.03}``.
+
+    def __post_init__(self):
+        if not self.base_lr:  # --base-lr not given: the optimizer's own rate, never another optimizer's
+            self.base_lr = self.optimizer_base_lr()
+
+    def optimizer_base_lr(self) -> float:
+        """This recipe's base rate for --optimizer (what --base-lr 0 means)."""
+        return self.base_lrs[self.optimizer]
+
+    def base_lr_reason(self) -> str:
+        """Where --base-lr's value comes from, for the start-up line."""
+        if self.base_lr == self.optimizer_base_lr():
+            return f"{self.optimizer}'s base rate in this recipe"
+        return "--base-lr"
 
     def validate(self) -> None:
         """Range checks that types cannot express; raise ConfigError naming the flag."""
@@ -510,7 +536,17 @@ def help_text(cls: type, recipe: str) -> str:
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         lines.append(f"  {name}")
         lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}; default: {shown!r}]")
+    rates = ", ".join(f"{name} {rate:g}" for name, rate in optimizer_rates(cls).items())
+    lines += ["", f"base rate of each --optimizer when --base-lr is not given: {rates}"]
     return "\n".join(lines)
 
 
-__all__ = ["ConfigError", "TrainConfig", "parse_overrides", "help_text", "field_docs", "flag"]
+def optimizer_rates(cls: type) -> dict:
+    """``cls``'s base rate of each optimizer, with its other defaults (what --optimizer X alone trains at)."""
+    hints = typing.get_type_hints(cls)
+    return {name: dataclasses.replace(cls(), optimizer=name, base_lr=0.0).base_lr
+            for name in typing.get_args(hints["optimizer"])}
+
+
+__all__ = ["ConfigError", "TrainConfig", "parse_overrides", "help_text", "field_docs", "flag", "BASE_LRS",
+           "optimizer_rates"]

@@ -31,6 +31,7 @@ def announce(trainer, steps: int) -> None:
         resolved = {**json.loads(cfg.to_json()), "recipe": trainer.name, "world_size": b.size,
                     "threads_per_rank": b.threads, "threads_reason": b.threads_reason, "steps_per_epoch": steps,
                     "precision_requested": trainer.precision_requested, "precision_reason": b.precision_reason,
+                    "base_lr_reason": cfg.base_lr_reason(),
                     "global_batch": trainer.global_batch,
                     **({"output_url": trainer.output_url} if getattr(trainer, "output_url", "") else {})}
         json.dump(resolved, f, indent=2, sort_keys=True)
@@ -38,7 +39,7 @@ def announce(trainer, steps: int) -> None:
     print(f"hvdtrain: {trainer.name} on {b.name}, {b.size} worker(s) x {b.threads} thread(s) ({b.threads_reason}) "
           f"on {b.device}; "
           f"global batch {cfg.batch_size} x {b.size}" + (f" x {cfg.accumulate}" if cfg.accumulate > 1 else "")
-          + f" = {trainer.global_batch}; lr {cfg.base_lr:g} -> {target:g}; "
+          + f" = {trainer.global_batch}; lr {cfg.base_lr:g} ({cfg.base_lr_reason()}) -> {target:g}; "
           + (f"optimizer sharded over {b.size} ranks; " if cfg.shard_optimizer else "")
           + f"{steps} steps/epoch; {cfg.precision} ({b.precision_reason}); output {trainer.output_location}", flush=True)
     print(f"hvdtrain: rank 0 is pid {os.getpid()}: kill -USR1 {os.getpid()} prints every rank's last step and "

@@ -200,7 +200,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, backend, self.name, self.reporter)
         self.checkpointer.output_url = self.output_url
         self.checkpointer.written = self.push
-        self.health = Health(backend, cfg.max_bad_steps, self.checkpointer.directory)
+        self.health = Health(backend, cfg.max_bad_steps, self.checkpointer.directory, cfg)
         # Per-phase step times: the backend marks its phases on its timer, which tells the heartbeat too.
         self.phases = backend.phases.configure(cfg.profile_steps, self.reporter.enter)
         self.timeline = TimelineWindow(cfg, backend)
@@ -414,7 +414,7 @@ class Trainer:
         out = backend.train_step(self._next_micro_batches(batches), mix=mix)
         self.phases.enter("other")
         self.position.global_step += 1
-        self.health.observe(out["loss"], self.global_step)
+        self.health.observe(out["loss"], self.global_step, lr)
         for cb in self.callbacks:
             cb.on_step_end(self, epoch, i, self.global_step, lr)
         return lr, out

@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 
 from hvdtrain import ArrayDataset, ConfigError, TrainConfig, Trainer
+from hvdtrain.config import BASE_LRS
 from hvdtrain.metrics import Accuracy, Perplexity
 
 CORPUS = "/usr/share/common-licenses"
@@ -59,7 +60,7 @@ class CharLMConfig(TrainConfig):
 
     epochs: int = 8
     batch_size: int = 32
-    base_lr: float = 0.004
+    base_lrs = {**BASE_LRS, "adam": 0.004, "adamw": 0.004}
     optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "adam"
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     data_dir: str = CORPUS

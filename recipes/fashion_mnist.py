@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hvdtrain.config import BASE_LRS
 from recipes.mnist import MNISTConfig, MNISTTrainer
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
@@ -24,7 +25,7 @@ class FashionMNISTConfig(MNISTConfig):
 
     epochs: int = 15
     batch_size: int = 64
-    base_lr: float = 0.05
+    base_lrs = {**BASE_LRS, "sgd": 0.05}
     warmup_epochs: float = 1.0
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     weight_decay: float = 5e-4

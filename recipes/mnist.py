@@ -15,6 +15,7 @@ from typing import Literal, Tuple
 import numpy as np
 
 from hvdtrain import ArrayDataset, ConfigError, TrainConfig, Trainer
+from hvdtrain.config import BASE_LRS
 
 FILES = {
     "train_images": "train-images-idx3-ubyte",
@@ -104,7 +105,7 @@ class MNISTConfig(TrainConfig):
 
     epochs: int = 20
     batch_size: int = 32
-    base_lr: float = 0.03
+    base_lrs = {**BASE_LRS, "sgd": 0.03}
     warmup_epochs: float = 1.0
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     data_dir: str = "data/digits"

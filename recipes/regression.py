@@ -14,6 +14,7 @@ from typing import Literal, Tuple
 import numpy as np
 
 from hvdtrain import ArrayDataset, ConfigError, TrainConfig, Trainer
+from hvdtrain.config import BASE_LRS
 from hvdtrain.metrics import MeanAbsoluteError, MeanSquaredError, RootMeanSquaredError
 
 VALIDATION = 100
@@ -52,7 +53,7 @@ class RegressionConfig(TrainConfig):
 
     epochs: int = 20
     batch_size: int = 16
-    base_lr: float = 0.003
+    base_lrs = {**BASE_LRS, "adam": 0.003, "adamw": 0.003}
     optimizer: Literal["sgd", "adam", "adamw", "lars", "lamb"] = "adam"
     lr_mode: Literal["step", "cosine", "poly", "constant"] = "cosine"
     weight_decay: float = 0.01
