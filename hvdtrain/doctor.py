@@ -92,6 +92,11 @@ def _horovod() -> Tuple[List[Row], bool]:
                          "openmpi': mpicxx on PATH), then make install"))
         gpu = "CUDA" if hvd.cuda_built() else ("ROCm" if hvd.rocm_built() else "none")
         rows.append(("ok", "horovod GPU support", gpu, ""))
+        from . import horovod_fixes
+        have = horovod_fixes.library_fixes(hvd)
+        rows.append(("warn" if horovod_fixes.missing(have) else "ok", "horovod fixes", horovod_fixes.describe(have),
+                     horovod_fixes.REMEDY + "; without fix 8, --shard-optimizer under Gloo is refused"
+                     if horovod_fixes.missing(have) else ""))
     return rows, len(frameworks) == len(wanted)
 
 

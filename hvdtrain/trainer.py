@@ -184,6 +184,7 @@ class Trainer:
                 remote.check(url, what, exists=what != "--output-dir")
         backend = self.backend = make_backend(cfg.framework)
         backend.init(cfg)
+        backend.check_horovod_fixes(cfg)  # a Horovod without hvdtrain's fixes: refused or warned, before any output
         # From here on the configuration says the precision the run computes in (--precision auto resolved).
         self.precision_requested = cfg.precision
         self.cfg = cfg = dataclasses.replace(cfg, precision=backend.precision)

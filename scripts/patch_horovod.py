@@ -86,6 +86,13 @@
 
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
+
+A library built with any of fixes 2, 3 and 5-10 says which: the patch adds ``horovod_hvdtrain_fixes()`` to the
+library's C interface (beside ``horovod_gloo_built()``), returning their numbers ("1,2,...,10"), which
+hvdtrain.horovod_fixes reads through ctypes. A build with only what it needs to compile (fixes 1 and 4, ``--fixes
+1,4``: a stock Horovod for the tests) has no such function, as a stock or other build has none.
+
+    python scripts/patch_horovod.py SRC_DIR [--fixes 1,4]   (default: every fix; HVDTRAIN_HOROVOD_FIXES too)
 """
 from __future__ import annotations
 
@@ -426,33 +433,76 @@ def _replace(path: str, old: str, new: str, count: int) -> str:
         f.write(text.replace(old, new))
     return "patched"
 
-def patch(src: str) -> List[Tuple[str, str]]:
-    """Apply every fix under ``src``; returns (file, outcome) pairs; PatchError says what did not fit."""
+FIXES = {  # number -> its (file, old, new, count) replacements
+    1: [(name, CXX14, CXX17, 1) for name in CXX_FILES],
+    2: [(OPERATIONS, TRACE_AFTER, TRACE_BEFORE, TRACE_SITES)],
+    3: IDLE_WAIT,
+    4: [(FIND_PYTORCH, CUDA_TEST, CPU_UNLESS_ASKED, 1)] + [(CXX_FILES[0], old, new, 1) for old, new in CUDA_LANGUAGE],
+    5: BLOCKING_WAIT,
+    6: BUILT_FLAGS,
+    7: GLOO_RANKS,
+    8: GLOO_REDUCE_SCATTER,
+    9: GLOO_READ_LOW_WATER,
+    10: TIMELINE_IDLE,
+}
+BUILD_ONLY = (1, 4)
+"""Fixes that only let the sdist compile here (no behaviour of the library changes): a build with only these is a
+stock Horovod as far as hvdtrain can tell, and carries no horovod_hvdtrain_fixes()."""
+MARKER_AFTER = """bool horovod_gloo_built() {
+#if HAVE_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+"""
+
+
+def marker(fixes) -> str:
+    """The C function that tells hvdtrain which fixes the library was built with."""
+    numbers = ",".join(str(n) for n in sorted(fixes))
+    return (f"{MARKER_AFTER}\n// hvdtrain: the numbers of hvdtrain's fixes (scripts/patch_horovod.py) this library was "
+            f"built with,\n// read by hvdtrain.horovod_fixes through ctypes.\n"
+            f"const char* horovod_hvdtrain_fixes() {{ return \"{numbers}\"; }}\n")
+
+
+def parse_fixes(text: str) -> List[int]:
+    """'1,4' -> [1, 4]; '' or 'all' -> every fix. PatchError for a number that is no fix."""
+    if text.strip() in ("", "all"):
+        return sorted(FIXES)
+    try:
+        wanted = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        wanted = [0]
+    unknown = [n for n in wanted if n not in FIXES]
+    if unknown or not wanted:
+        raise PatchError(f"--fixes {text!r}: give fix numbers from 1 to {max(FIXES)}, comma-separated, or all")
+    return wanted
+
+
+def patch(src: str, fixes=None) -> List[Tuple[str, str]]:
+    """Apply ``fixes`` (numbers; default every fix) under ``src``, and the marker when any of them changes what the
+    library does; returns (file, outcome) pairs; PatchError says what did not fit."""
     if not os.path.isfile(os.path.join(src, OPERATIONS)):
         raise PatchError(f"{src} is not an unpacked Horovod source tree (no {OPERATIONS})")
-    done = [(name, _replace(os.path.join(src, name), CXX14, CXX17, 1)) for name in CXX_FILES]
-    done.append((OPERATIONS, _replace(os.path.join(src, OPERATIONS), TRACE_AFTER, TRACE_BEFORE, TRACE_SITES)))
-    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in IDLE_WAIT]
-    done.append((FIND_PYTORCH, _replace(os.path.join(src, FIND_PYTORCH), CUDA_TEST, CPU_UNLESS_ASKED, 1)))
-    done += [(CXX_FILES[0], _replace(os.path.join(src, CXX_FILES[0]), old, new, 1)) for old, new in CUDA_LANGUAGE]
-    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in BLOCKING_WAIT]
-    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in BUILT_FLAGS]
-    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in GLOO_RANKS]
-    done += [(name, _replace(os.path.join(src, name), old, new, count))
-             for name, old, new, count in GLOO_REDUCE_SCATTER]
-    done += [(name, _replace(os.path.join(src, name), old, new, count))
-             for name, old, new, count in GLOO_READ_LOW_WATER]
-    done += [(name, _replace(os.path.join(src, name), old, new, count)) for name, old, new, count in TIMELINE_IDLE]
+    fixes = sorted(FIXES) if fixes is None else sorted(fixes)
+    done = [(name, _replace(os.path.join(src, name), old, new, count))
+            for number in fixes for name, old, new, count in FIXES[number]]
+    if set(fixes) - set(BUILD_ONLY):
+        done.append((OPERATIONS, _replace(os.path.join(src, OPERATIONS), MARKER_AFTER, marker(fixes), 1)))
     return done
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    chosen = os.environ.get("HVDTRAIN_HOROVOD_FIXES", "")
+    if len(argv) == 3 and argv[1] == "--fixes":
+        argv, chosen = argv[:1], argv[2]
     if len(argv) != 1:
-        print("usage: python scripts/patch_horovod.py SRC_DIR", file=sys.stderr)
+        print("usage: python scripts/patch_horovod.py SRC_DIR [--fixes N,N,...]", file=sys.stderr)
         return 2
     try:
-        for name, outcome in patch(argv[0]):
+        for name, outcome in patch(argv[0], parse_fixes(chosen)):
             print(f"patch_horovod: {name}: {outcome}", file=sys.stderr)
     except (PatchError, OSError) as e:
         print(f"patch_horovod: error: {e}", file=sys.stderr)

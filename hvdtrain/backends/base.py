@@ -195,6 +195,13 @@ class Backend(abc.ABC):
             self.precision_reason = (f"auto: the ranks' hardware differs ({by_rank}): fp32 on every rank, the "
                                      f"precision all of them compute in")
 
+    def check_horovod_fixes(self, cfg) -> None:
+        """Refuse a run that this Horovod build would compute wrongly, and warn (rank 0) of the missing fixes that
+        make it slower or less robust (:mod:`hvdtrain.horovod_fixes`); after ``init``, the same verdict on every
+        rank."""
+        from .. import horovod_fixes
+        horovod_fixes.check(cfg, self.hvd, self.name, bool(self.hvd.gloo_enabled()), self.rank)
+
     def mpi_built(self) -> bool:
         """Whether this Horovod was built with MPI (without it, mpirun and srun cannot form its world)."""
         return bool(self.hvd.mpi_built())

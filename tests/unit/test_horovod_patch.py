@@ -22,6 +22,7 @@ def fake_sdist(root):
     top = root / patch_horovod.CXX_FILES[0]
     top.write_text(top.read_text() + "".join(old for old, _new in patch_horovod.CUDA_LANGUAGE))
     sites = "\n".join(f"Status Enqueue{i}() {{\n{patch_horovod.TRACE_AFTER}  return status;\n}}" for i in range(3))
+    sites += "\n" + patch_horovod.MARKER_AFTER
     texts = {patch_horovod.OPERATIONS: [sites]}
     for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS \
             + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER \
@@ -71,7 +72,8 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
         + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER + patch_horovod.TIMELINE_IDLE
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
-    fixes = 4 + len(later) + len(patch_horovod.CUDA_LANGUAGE)
+    fixes = 5 + len(later) + len(patch_horovod.CUDA_LANGUAGE)  # the 4 below: C++17 (2 files), trace, find_pytorch
+    assert 'const char* horovod_hvdtrain_fixes() { return "1,2,3,4,5,6,7,8,9,10"; }' in ops, "the library names its fixes"
     top = (src / patch_horovod.CXX_FILES[0]).read_text()
     assert top.index(f"if({patch_horovod.GPU_ASKED})") < top.index("include(CheckLanguage)") < \
         top.index("endif()  # hvdtrain (fix 4)"), "no CUDA compiler is looked for unless GPU operations were asked for"
@@ -87,3 +89,19 @@ def test_a_tree_that_does_not_fit_is_refused_with_the_reason(tmp_path):
     assert result.returncode == 1 and "expected 3 occurrence(s)" in result.stderr and "0.28.1" in result.stderr
     with pytest.raises(patch_horovod.PatchError, match="not an unpacked Horovod source tree"):
         patch_horovod.patch(str(tmp_path / "empty"))
+
+
+def test_a_build_only_tree_gets_what_it_needs_to_compile_and_no_marker(tmp_path):
+    """--fixes 1,4 (the stock Horovod of tests/e2e/test_foreign_horovod.py): C++17 and the CPU build only; the library
+    then has no horovod_hvdtrain_fixes(), as a stock one has none."""
+    src = fake_sdist(tmp_path / "horovod-0.28.1")
+    result = subprocess.run([sys.executable, SCRIPT, str(src), "--fixes", "1,4"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert all(patch_horovod.CXX17 in (src / n).read_text() for n in patch_horovod.CXX_FILES)
+    ops = (src / patch_horovod.OPERATIONS).read_text()
+    assert "horovod_hvdtrain_fixes" not in ops and '"Enqueued "' in ops, "fix 2 and the marker left out"
+    patch_horovod.patch(str(src), [1, 4, 8])
+    assert 'horovod_hvdtrain_fixes() { return "1,4,8"; }' in (src / patch_horovod.OPERATIONS).read_text()
+    with pytest.raises(patch_horovod.PatchError, match="give fix numbers from 1 to 10"):
+        patch_horovod.parse_fixes("1,11")
