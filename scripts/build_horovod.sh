@@ -28,7 +28,8 @@
 #
 # Environment: HOROVOD_* build variables pass through to the build. HVDTRAIN_WHEEL_CACHE overrides the cache
 # directory; HVDTRAIN_NO_MPI=1 builds with Gloo only; HVDTRAIN_FRAMEWORKS chooses the frameworks;
-# HVDTRAIN_HOROVOD_SDIST=horovod-0.28.1.tar.gz builds from that file instead of downloading it (hosts with no index).
+# HVDTRAIN_HOROVOD_SDIST=horovod-0.28.1.tar.gz builds from that file instead of downloading it (hosts with no index);
+# HVDTRAIN_HOROVOD_FIXES=1,4 builds in only those of patch_horovod.py's fixes (a stock Horovod, for the tests).
 # A failed build prints the log's first error lines (scripts/build_log_excerpt.py) and keeps the whole log under the
 # cache's logs/. Without HOROVOD_GPU_OPERATIONS the build is a CPU one whatever torch wheel (CUDA or CPU) is installed
 # and whatever nvcc is on PATH (fix 4 in scripts/patch_horovod.py); with it, a CUDA toolkit without its runtime
@@ -126,7 +127,11 @@ fw_tag=$(echo $FRAMEWORKS | tr ' ' '+')
 # HOROVOD_NCCL_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_WITHOUT_GLOO, ...): all of them, names and values, are hashed
 # into the key. They are read here, before this script exports its own.
 build_env=$( { env | grep '^HOROVOD_' || true; } | LC_ALL=C sort | sha256sum | cut -c1-12)
+# HVDTRAIN_HOROVOD_FIXES: which of scripts/patch_horovod.py's fixes to build in (default all; "1,4" builds what is
+# needed to compile here and nothing else: a stock Horovod, for tests/e2e/test_foreign_horovod.py).
+fixes=$(echo "${HVDTRAIN_HOROVOD_FIXES:-all}" | tr ',' '-')
 key="horovod-${HOROVOD_VERSION}_${fw_tag}_torch-${torch_v}_mxnet-${mxnet_v}_${py_tag}_${plat}_gpu-${gpu_ops}_mpi-${with_mpi}-${mpi_version}_env-${build_env}_build-${script_hash}"
+[ "$fixes" = all ] || key="${key}_fixes-${fixes}"
 key=$(echo "$key" | tr '+/ ' '___')
 if [ $print_key = 1 ]; then
   echo "$key"
@@ -176,6 +181,9 @@ install_from_cache() {
     return 1
   fi
   "${PIP[@]}" install -q --no-deps --force-reinstall -c "$CONSTRAINTS" "$whl" >&2 || return 1
+  # Horovod's own dependencies (cloudpickle, psutil, pyyaml, packaging, cffi) where the environment lacks them, as in
+  # one that make deps did not fill; nothing already installed is replaced.
+  "${PIP[@]}" install -q -c "$CONSTRAINTS" "$whl" >&2 || return 1
   verify_installed >&2 || { log "cached wheel does not import as expected: discarding it"; return 1; }
   return 0
 }
