@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import precision as precisions
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
 from ..threads import created_by
@@ -154,8 +155,12 @@ class TorchBackend(Backend):
         self.amp_dtype = _AMP_DTYPES.get(self.precision)
         if self.precision == "bf16" and not native_bf16 and self.rank == 0:
             # PyTorch trains in emulated bf16 (not refused as on MXNet, where it fails), but the user is told once.
-            print(f"hvdtrain: warning: --precision bf16 is emulated here ({self.bf16_missing}): a bf16 matmul took "
-                  f"{bf16_slowdown():.0f}x the fp32 time on this CPU; --precision auto (fp32 here) trains faster",
+            forced = cfg.precision == "auto"  # HVDTRAIN_AUTO_PRECISION=bf16 decided it
+            asked = f"{precisions.AUTO_VARIABLE}=bf16" if forced else "--precision bf16"
+            better = f"unset {precisions.AUTO_VARIABLE} (auto is fp32 here)" if forced else \
+                "--precision auto (fp32 here)"
+            print(f"hvdtrain: warning: {asked} is emulated here ({self.bf16_missing}): a bf16 matmul took "
+                  f"{bf16_slowdown():.0f}x the fp32 time on this CPU; {better} trains faster",
                   file=sys.stderr, flush=True)
 
     def setup(self, model: Any, cfg, loss_fn=None, sample_shape=None, task=None) -> None:

@@ -45,6 +45,8 @@ def train(tmp_path, *args):
 # test_precision.py runs MXNet's refusal and PyTorch's emulation notice of an explicit bf16.
 NATIVE_BF16 = precision.native_bf16(precision.read_cpu_flags(), precision.isa_cap())
 BF16_WHERE_NATIVE = "bf16" if NATIVE_BF16 else "fp32"
+TORCH_AUTO = precision.forced_auto() or BF16_WHERE_NATIVE
+"""What PyTorch's auto computes in here: HVDTRAIN_AUTO_PRECISION's outcome where it is set, else the processor's."""
 
 
 @pytest.mark.parametrize("framework, fmt, requested, extra", [
@@ -57,12 +59,15 @@ BF16_WHERE_NATIVE = "bf16" if NATIVE_BF16 else "fp32"
 ])
 def test_images_train_far_above_chance_on_2_ranks(framework, fmt, requested, extra, images, tmp_path):
     folder, rec = images
+    if requested == "auto" and TORCH_AUTO == "bf16" and not NATIVE_BF16:
+        pytest.skip("HVDTRAIN_AUTO_PRECISION=bf16 on a processor that emulates bf16 (a matmul at about 87x its fp32 "
+                    "time here): ResNet-18 does not train within the test's time; test_precision.py runs that outcome")
     data = ["--data-dir", folder] if fmt == "imagefolder" else ["--data-dir", rec]  # 10 classes, from the records
     records = train(tmp_path, "--framework", framework, "--precision", requested, "--epochs", "4", *SMALL, *data,
                     *extra)
     with open(tmp_path / "out" / "config.json") as f:
         chosen = json.load(f)["precision"]
-    assert chosen == (requested if requested != "auto" else BF16_WHERE_NATIVE)
+    assert chosen == (requested if requested != "auto" else TORCH_AUTO)
     assert records[-1]["train_loss"] < records[0]["train_loss"], records
     best = max(records[-2:], key=lambda r: r["val_accuracy"])
     assert best["val_accuracy"] >= 0.4 and best["val_top5"] >= 0.75, records  # chance: 0.1 and 0.5

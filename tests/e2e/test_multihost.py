@@ -19,8 +19,12 @@ TINY = "tests.tiny_recipe:TinyTrainer"
 TRAIN = ("--epochs", "3", "--threads", "1")  # one thread per rank: the two "hosts" share this machine's cores
 
 
-ISA_CAPS = [arg for var in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY") if var in os.environ
-            for arg in ("-x", var)]
+def isa_caps() -> list:
+    """mpirun's -x for the variables that decide the ranks' kernels and precision, where set: an ISA cap (a processor
+    without AVX-512 simulated) or HVDTRAIN_AUTO_PRECISION (auto's outcome forced), which mpirun would not pass to the
+    other hosts' ranks; they would then compute otherwise than the localhost reference."""
+    return [arg for var in ("DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "HVDTRAIN_AUTO_PRECISION")
+            if var in os.environ for arg in ("-x", var)]
 
 
 @dataclass
@@ -40,12 +44,10 @@ class Cluster:
         return run(self.command(*cmd), timeout=timeout, **self.env())
 
     def mpirun(self, np: int, hosts: list, *cmd) -> list:
-        # ISA caps (a processor without AVX-512 simulated: README, Tests) reach the other hosts' ranks too, which
-        # would otherwise compute with other kernels than the localhost reference.
         return ["mpirun", "-np", str(np), *hosts, "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1",
                 "-mca", "btl", "^openib", "-mca", "plm_rsh_agent", f"{self.dir}/bin/ssh",
                 "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",
-                "-x", "PATH", "-x", "PYTHONPATH", *ISA_CAPS, *cmd]
+                "-x", "PATH", "-x", "PYTHONPATH", *isa_caps(), *cmd]
 
     def python_processes(self, host: str) -> dict:
         return hvdtrain_processes(f"{self.prefix}h{host[len('host'):]}")

@@ -20,6 +20,34 @@ MISSING = precision.missing_bf16(precision.read_cpu_flags(), ("DNNL_MAX_CPU_ISA"
 TINY = ["recipe", "tests.tiny_recipe:TinyTrainer", "--epochs", "1", "--max-steps", "3", "--resume", "never"]
 
 
+@pytest.fixture(autouse=True)
+def detected(monkeypatch):
+    """These tests are about what the processor decides: auto's outcome is never forced here (make test may force it
+    for other tests, HVDTRAIN_AUTO_PRECISION), except where a test sets it."""
+    monkeypatch.delenv(precision.AUTO_VARIABLE, raising=False)
+
+
+def test_auto_forced_to_either_outcome_says_so_and_a_bad_value_is_refused(tmp_path):
+    out = str(tmp_path / "out")
+    result = run(horovodrun(2, *hvdtrain(*TINY, "--framework", "torch", "--output-dir", out)), timeout=180,
+                 HVDTRAIN_AUTO_PRECISION="bf16")
+    assert result.returncode == 0, describe(result)
+    cfg = _config(out)
+    assert (cfg["precision"], cfg["precision_reason"]) == ("bf16", "auto: HVDTRAIN_AUTO_PRECISION=bf16, as on a CPU "
+                                                                   "with native bf16"), cfg
+    if not precision.native_bf16(precision.read_cpu_flags(), precision.isa_cap()):
+        assert "hvdtrain: warning: HVDTRAIN_AUTO_PRECISION=bf16 is emulated here" in result.output and \
+            "unset HVDTRAIN_AUTO_PRECISION (auto is fp32 here) trains faster" in result.output, describe(result)
+    mx_out = str(tmp_path / "mx")
+    result = run(horovodrun(2, *hvdtrain(*TINY, "--framework", "mxnet", "--output-dir", mx_out)), timeout=180,
+                 HVDTRAIN_AUTO_PRECISION="bf16")
+    assert result.returncode == 0 and _config(mx_out)["precision"] == "fp32", describe(result)  # MXNet's bf16 is slower
+    bad = run(hvdtrain(*TINY, "--output-dir", str(tmp_path / "bad")), timeout=120, HVDTRAIN_AUTO_PRECISION="fp16")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "hvdtrain: error: HVDTRAIN_AUTO_PRECISION='fp16' is not one of bf16, fp32 (what --precision auto decides on a "
+        "CPU): set one of them or unset it"), describe(bad)
+
+
 def _config(out) -> dict:
     with open(os.path.join(out, "config.json")) as f:
         return json.load(f)

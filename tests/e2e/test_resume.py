@@ -32,7 +32,11 @@ def flat(tree, prefix=""):
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_stopped_at_any_step_and_resumed_equals_uninterrupted(framework, digits, tmp_path):
+def test_stopped_at_any_step_and_resumed_equals_uninterrupted(framework, auto_precision, digits, tmp_path):
+    """Under --precision auto as a processor with native bf16 and one without would decide (auto_precision)."""
+    if framework == "mxnet" and auto_precision == "bf16":
+        pytest.skip("MXNet's auto computes in fp32 on a CPU under either outcome (its bf16 is slower): the fp32 "
+                    "variant runs it")
     stand_in = {"HVDTRAIN_GPU_STAND_IN": "1"} if framework == "mxnet" else {}
 
     def train(out, *extra):
