@@ -38,7 +38,7 @@ export HVDTRAIN_FRAMEWORKS := $(FRAMEWORKS)
 FRAMEWORK_SPECS := $(if $(filter torch,$(FRAMEWORKS)),"$(TORCH_SPEC)") \
 	$(if $(filter mxnet,$(FRAMEWORKS)),"$(MXNET_SPEC)" "$(GLUONCV_SPEC)")
 
-.PHONY: docs install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network \
+.PHONY: docs install deps horovod demo demo-mxnet demo-digits data-fashion imagenet-synthetic imagenet-fashion bench bench-network bench-decode \
 	convergence test test-stacks test-unit data doctor clean
 
 install: deps horovod
@@ -159,6 +159,17 @@ bench: install $(BENCH_PHOTOS)/train.rec
 		$(BENCH_INPUT) --data-format imagefolder --num-workers 1
 	$(PY) -m hvdtrain bench input --recipe imagenet --framework mxnet --output-dir runs/bench/input-mxnet -- \
 		$(BENCH_INPUT) --data-format recordio
+	$(MAKE) --no-print-directory bench-decode
+
+# Decoded and augmented images per second per core at 224 px, for each input path of the ImageNet recipe, on 1,000
+# ImageNet-like JPEGs (about 476x419 px, 106 KB) and their RecordIO (about 3 minutes): runs/bench/decode/,
+# docs/benchmarks.md section 6b.
+DECODE_PHOTOS := runs/bench/imagenet-like
+$(DECODE_PHOTOS)/train.rec: | install
+	$(PY) scripts/make_photo_folder.py $(DECODE_PHOTOS) --imagenet-like --train-per-class 500 --val-per-class 25
+	$(PY) scripts/make_recordio.py $(DECODE_PHOTOS) $(DECODE_PHOTOS)
+bench-decode: install $(DECODE_PHOTOS)/train.rec
+	$(PY) -m hvdtrain bench decode --data-dir $(DECODE_PHOTOS) --output-dir runs/bench/decode
 
 # Horovod's loop, hvdtrain (plain and --shard-optimizer) and MXNet's parameter server (1 server, a server per host)
 # over rate-limited links between 2, 3 and 4 namespace hosts with a CPU quota each (root): runs/bench/network/

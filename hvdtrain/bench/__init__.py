@@ -1,4 +1,4 @@
-"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|convergence|amp|compile|project``:
+"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|decode|convergence|amp|compile|project``:
 measured side by side, and projected.
 
 One module per benchmark (its name), each with ``add_parser(sub)`` and ``run(args)``; :mod:`.runner` holds what they
@@ -21,7 +21,8 @@ Gluon loop against the same loop on MXNet's parameter server (kvstore dist_sync,
 the scaling efficiency of each; ``network``: the same over rate-limited links between 2-4 namespace hosts
 (:mod:`hvdtrain.bench.network`). ``allreduce``: bus bandwidth per message size
 (:mod:`hvdtrain.bench.allreduce_worker`) and ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
-against training on real and on synthetic data. Every comparison interleaves its variants within each round (A B C,
+against training on real and on synthetic data; ``decode``: each input path's decoded and augmented images per second
+per core (:mod:`hvdtrain.bench.decode`). Every comparison interleaves its variants within each round (A B C,
 then C B A) and reports median, min and max per variant. ``compile``: the recipes with ``--compile`` against eager
 PyTorch (:mod:`hvdtrain.bench.compile`). ``project``: the step's cost model
 (:mod:`hvdtrain.bench.costmodel`) at host counts not measured here (docs/scaling.md).
@@ -32,8 +33,8 @@ import argparse
 import importlib
 from typing import List
 
-BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "convergence", "amp", "compile",
-              "project")
+BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "decode", "convergence", "amp",
+              "compile", "project")
 """Module names under hvdtrain.bench, in the order ``bench -h`` lists them."""
 
 

@@ -95,6 +95,35 @@ def test_input_benchmark_on_a_photo_folder(tmp_path):
     assert _png(out / "input.png")
 
 
+def test_decode_benchmark_per_core_on_imagenet_like_jpegs(tmp_path):
+    """Issue 56, item 1: ImageNet-shaped JPEGs (scripts/make_photo_folder.py --imagenet-like), then every input path's
+    decoded and augmented images per second per core at 224 px, with the cores a GPU needs at 700 and 2,500 img/s."""
+    photos, out = tmp_path / "photos", tmp_path / "bench"
+    made = run([PY, os.path.join(ROOT, "scripts", "make_photo_folder.py"), str(photos), "--imagenet-like",
+                "--train-per-class", "24", "--val-per-class", "2"], timeout=120)
+    assert made.returncode == 0 and "wrote 52 ImageNet-like images" in made.stdout, describe(made)
+    kb = [os.path.getsize(p) / 1000 for p in glob.glob(str(photos / "train" / "*" / "*.jpg"))]
+    assert 70 < sum(kb) / len(kb) < 150, kb  # ImageNet's JPEGs: about 110 KB
+    from PIL import Image
+    sides = [Image.open(p).size for p in glob.glob(str(photos / "train" / "*" / "*.jpg"))]
+    assert all(400 <= max(s) <= 640 and min(s) >= 250 for s in sides), sides
+    packed = run([PY, os.path.join(ROOT, "scripts", "make_recordio.py"), str(photos), str(photos)], timeout=120)
+    assert packed.returncode == 0, describe(packed)
+    result = run(hvdtrain("bench", "decode", "--data-dir", str(photos), "--rounds", "1", "--count", "40",
+                          "--cores", "1", "--output-dir", str(out)), timeout=300)
+    assert result.returncode == 0, describe(result)
+    data = json.loads((out / "decode.json").read_text())
+    assert [(r["path"], r["cores"]) for r in data["rows"]] == [("imagefolder", 1), ("recordio", 1), ("mxnet-iter", 1)]
+    for row in data["rows"]:
+        assert 5 < row["per_core"] < 5000, row
+        assert row["cores_per_gpu_at_2500"] == pytest.approx(2500 / row["per_core"])
+    assert "cores/GPU @700" in result.stdout and _png(out / "decode.png")
+    assert set(data["stages_ms_per_image"]) == {"read", "decode", "crop_resize", "flip", "to_float_normalize"}
+    assert all(v > 0 for v in data["stages_ms_per_image"].values()), data["stages_ms_per_image"]
+    bad = run(hvdtrain("bench", "decode", "--data-dir", str(photos), "--paths", "dali"), timeout=60)
+    assert bad.returncode == 2 and "unknown --paths dali: choose from imagefolder,recordio,mxnet-iter" in bad.stderr
+
+
 def test_parameter_server_benchmark_smallest(tmp_path):
     out = tmp_path / "bench"
     result = run(hvdtrain("bench", "ps", "--np", "2", "--rounds", "1", "--steps", "3", "--output-dir", str(out)),
