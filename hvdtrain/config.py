@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional, Tuple
 
 
-class ConfigError(ValueError):
-    """A user error in flags, config or data paths: printed as one line, exit status 2."""
+from .basics import ConfigError, is_url
 
 
 BASE_LRS = {"sgd": 0.01, "adam": 0.001, "adamw": 0.001, "lars": 4.0, "lamb": 0.01}
@@ -322,7 +321,6 @@ class TrainConfig:
             # overflowed would skip that step (and its collectives) while the others run it: a hang.
             raise ConfigError("--adasum cannot be combined with loss scaling (--precision fp16 or --loss-scale "
                               "dynamic): use --precision bf16 or fp32 with --adasum")
-        from .remote import is_url  # (remote imports this module)
         if self.elastic and is_url(self.output_dir):
             raise ConfigError("--elastic cannot write to a URL --output-dir yet (after a reset the new rank 0 would "
                               "hold neither the lease nor the staging copy): use a shared directory")

@@ -24,7 +24,7 @@ import socket
 import time
 from typing import IO, Callable, Mapping, Optional, Tuple
 
-from .config import ConfigError
+from .basics import ConfigError, job_label
 
 LOCK_NAME = ".hvdtrain.lock"
 LEASE_SECONDS = 10.0
@@ -95,13 +95,6 @@ def _holder(path: str) -> dict:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-
-
-def job_label(environ: Mapping[str, str] = os.environ) -> str:
-    """The batch system's job of this process ("Slurm 1234"), '' outside one: named in locks and leases."""
-    return next((f"{name} {environ[var]}" for var, name in (("SLURM_JOB_ID", "Slurm"), ("PBS_JOBID", "PBS"),
-                                                           ("LSB_JOBID", "LSF"), ("JOB_ID", "SGE"))
-                 if environ.get(var)), "")
 
 
 def lock_output_dir(output_dir: str, environ: Mapping[str, str] = os.environ) -> IO:

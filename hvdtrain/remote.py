@@ -38,8 +38,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .config import ConfigError
-from .guard import job_label
+from .basics import ConfigError, is_url, job_label
 
 LEASE_NAME = ".hvdtrain.lease"
 LEASE_SECONDS = 60.0
@@ -48,11 +47,6 @@ RENEW_SECONDS = 10.0
 LOCAL_ONLY = ("heartbeats", "errors", "compile-cache", ".hvdtrain.lock", LEASE_NAME)
 """Top-level entries of an output directory that stay on the host (never pulled, pushed or deleted)."""
 _TMP = ".tmp-"
-
-
-def is_url(path: str) -> bool:
-    """True for ``proto://...`` other than ``file://`` (a local path in URL form)."""
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
 
 
 def _cache_root() -> str:

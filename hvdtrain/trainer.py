@@ -525,7 +525,7 @@ class Trainer:
 
     def _tracker(self):
         """--track mlflow (rank 0): its run id rides in the checkpoints, so a resume continues the run."""
-        from . import __version__
+        from .basics import __version__
         from .tracking import MlflowTracker, default_uri
         cfg, b = self.cfg, self.backend
         uri = cfg.track_uri or default_uri(cfg.output_dir)
