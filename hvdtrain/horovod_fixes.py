@@ -14,7 +14,7 @@ import ctypes
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import FrozenSet, List, Optional
+from typing import FrozenSet, List
 
 REMEDY = ("make horovod, or in another environment bash scripts/build_horovod.sh \"$(which python)\" (Horovod 0.28.1 "
           "built with them: docs/getting-started.md)")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -39,6 +38,7 @@ from .evaluation import Evaluator
 from .faults import RankReporter, failure_to_raise
 from .health import Health
 from .monitor import Monitor
+from .outputs import Outputs
 from .phases import epoch_timing
 from .report import announce, autotune_best, format_autotune
 from .threads import ThreadCpu
@@ -72,16 +72,9 @@ class Trainer:
         if not cfg.output_dir:
             cfg = dataclasses.replace(cfg, output_dir=os.path.join("runs", f"{self.name}-{cfg.framework}"))
         cfg.validate()
-        self.output_url = ""
-        """--output-dir when it is a URL (cfg.output_dir is then its local staging copy: :mod:`hvdtrain.remote`)."""
-        if cfg.output_dir.startswith("file://"):  # a local path in URL form
-            cfg = dataclasses.replace(cfg, output_dir=cfg.output_dir[len("file://"):])
-        if remote.is_url(cfg.output_dir):
-            self.output_url = cfg.output_dir.rstrip("/")
-            cfg = dataclasses.replace(cfg, output_dir=remote.staging_dir(self.output_url))
-        self.remote: Optional[remote.RemoteOutput] = None
-        """Rank 0 of a job with a URL --output-dir: the URL and its staging copy."""
-        self.cfg = cfg
+        self.outputs = Outputs(cfg.output_dir)
+        """Where results go: the directory's guard, a URL's staging copy and pusher, the tracker."""
+        self.cfg = cfg = dataclasses.replace(cfg, output_dir=self.outputs.directory)
         self.extra_callbacks = list(callbacks or [])
         self.backend = None
         self.reporter = None
@@ -154,13 +147,10 @@ class Trainer:
                 raise failure from e
             raise
         finally:
-            if self.remote is not None:  # the last push (of a failed run too), and the URL is free at once
-                self.push(final=True)
-                self.remote.release()
+            self.outputs.finish()  # the last push (of a failed run too), and the URL is free at once
             if self.reporter is not None:
                 self.reporter.stop()
-            if getattr(self, "_output_lock", None) is not None:
-                self._output_lock.close()  # releases the flock: the directory is free for the next job
+            self.outputs.unlock()
 
     def _failed(self, e: BaseException) -> Optional[BaseException]:
         """Record and report a failure of fit() (:func:`hvdtrain.faults.failure_to_raise`), then stop Horovod in
@@ -191,8 +181,7 @@ class Trainer:
         # Before anything is written: a world the launcher did not start, or an output directory a live job holds.
         if not cfg.elastic:  # elastic worlds change size by design
             guard.check_world_size(backend.size, backend.mpi_built())
-        self._output_lock = guard.take_output_dir(backend, cfg.output_dir, collective=not cfg.elastic,
-                                                  taken=self._took_url if self.output_url else None)
+        self.outputs.take(backend, collective=not cfg.elastic)
         self.reporter = RankReporter(cfg.output_dir, backend.rank)
         if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
             self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
@@ -200,7 +189,7 @@ class Trainer:
         self.reporter.start()
         self.checkpointer = Checkpointer(cfg, backend, self.name, self.reporter)
         self.checkpointer.output_url = self.output_url
-        self.checkpointer.written = self.push
+        self.checkpointer.written = self.outputs.push
         self.health = Health(backend, cfg.max_bad_steps, self.checkpointer.directory, cfg)
         # Per-phase step times: the backend marks its phases on its timer, which tells the heartbeat too.
         self.phases = backend.phases.configure(cfg.profile_steps, self.reporter.enter)
@@ -236,49 +225,15 @@ class Trainer:
         # MXNet's oneDNN forward leaves weights in a layout Horovod's broadcast cannot read.
         self.evaluator.check()
 
-    def _took_url(self) -> None:
-        """Rank 0, once the staging directory is locked: take the URL's lease and pull what it holds."""
-        self.remote = remote.RemoteOutput(self.output_url, self.cfg.output_dir)
-        try:
-            self.remote.take()
-            fetched = self.remote.pull()
-        except ConfigError:
-            self.remote = None
-            raise
-        except Exception as e:  # noqa: BLE001 - the store's error, as the one-line refusal of every rank
-            self.remote.release()
-            self.remote = None
-            raise ConfigError(f"--output-dir {remote.describe_error(self.output_url, e)}") from None
-        print(f"hvdtrain: --output-dir {self.output_url}: staged in {self.cfg.output_dir} ({fetched} file(s) "
-              f"fetched); pushed after every checkpoint", flush=True)
-
-    def push(self, final: bool = False) -> None:
-        """Rank 0 of a job with a URL --output-dir: the URL gets the staging directory's new files (and loses the
-        pruned ones), on the pusher thread while training goes on; ``final`` waits for it and pushes once more. A
-        store that fails is named in a warning and tried again at the next push: the files stay in the staging
-        directory and nothing stops training."""
-        if self.remote is None:
-            return
-        if not final:
-            self.remote.request(lambda e: self._push_failed(e, final=False))
-            return
-        self.remote.stop_pushing()
-        try:
-            self.remote.push()
-            print(f"hvdtrain: {self.output_url} holds the run ({self.remote.uploaded} upload(s), "
-                  f"{self.remote.push_seconds:.1f}s on the pusher thread and at the end)", flush=True)
-        except Exception as e:  # noqa: BLE001 - the store's error in one line
-            self._push_failed(e, final=True)
-
-    def _push_failed(self, e: BaseException, final: bool) -> None:
-        print(f"hvdtrain: warning: pushing to {self.output_url} failed ({remote.describe_error(self.output_url, e)})"
-              + ("; the run's files are in " + self.cfg.output_dir if final else "; tried again at the next "
-                 "checkpoint"), file=sys.stderr, flush=True)
+    @property
+    def output_url(self) -> str:
+        """--output-dir when it is a URL (cfg.output_dir is then its local staging copy: :mod:`hvdtrain.outputs`)."""
+        return self.outputs.url
 
     @property
     def output_location(self) -> str:
         """Where the run's outputs are for a user: the URL, else the directory."""
-        return self.output_url or self.cfg.output_dir
+        return self.outputs.location
 
     def _plan(self) -> None:
         """Steps per (whole) epoch and the global batch, for the world as it is now (again after an elastic reset)."""
@@ -294,7 +249,7 @@ class Trainer:
             announce(self, self.steps)
         for cb in self.callbacks:
             cb.on_train_start(self, self.position.epoch)
-        self.push()  # config.json at the URL from the start
+        self.outputs.push()  # config.json at the URL from the start
         if is_root and self.position.epoch >= cfg.epochs:
             print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
                   f"(raise --epochs, or pass --resume never to start over)", flush=True)
@@ -519,33 +474,7 @@ class Trainer:
     def _callbacks(self) -> List[Callback]:
         out = self.cfg.output_dir
         os.makedirs(out, exist_ok=True)
-        tracking = [self._tracker()] if self.cfg.track == "mlflow" else []
+        tracking = ([self.outputs.tracker(self.cfg, self.name, self.backend, self.checkpointer)]
+                    if self.cfg.track == "mlflow" else [])
         return [ProgressLogger(), MetricsFile(os.path.join(out, "metrics.jsonl")),
                 TensorBoard(os.path.join(out, "tensorboard"))] + tracking + self.extra_callbacks
-
-    def _tracker(self):
-        """--track mlflow (rank 0): its run id rides in the checkpoints, so a resume continues the run."""
-        from .basics import __version__
-        from .tracking import MlflowTracker, default_uri
-        cfg, b = self.cfg, self.backend
-        uri = cfg.track_uri or default_uri(cfg.output_dir)
-        tags = {"recipe": self.name, "framework": b.name, "world_size": str(b.size), "precision": cfg.precision,
-                "hvdtrain_version": __version__, "horovod_version": _version("horovod"),
-                "framework_version": _version("torch" if b.name == "torch" else "mxnet"), "device": str(b.device)}
-
-        def started(state):
-            if state:  # every later checkpoint keeps the run's id (a failed open keeps the resumed one)
-                self.checkpointer.tracking = state
-
-        tracker = MlflowTracker(uri, cfg.track_experiment or self.name, tags, cfg.output_dir,
-                                resumed=self.checkpointer.resumed_tracking, started=started)
-        self.checkpointer.tracking_ready = tracker.wait_opened
-        return tracker
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
