@@ -149,3 +149,35 @@ def test_no_module_of_hvdtrain_imports_itself_in_a_circle():
 
     circles = [m for m in graph if reaches(m, m, set())]
     assert not circles, {m: graph[m] for m in circles}
+
+
+def _top_level_imports(path: str) -> set:
+    """The top-level names of the absolute imports in ``path`` (inside functions too)."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_layers_hold():
+    """DESIGN.md's split, as imports: the loop knows no framework (of hvdtrain's own modules only backends/ and bench/
+    import torch, mxnet, gluoncv or horovod, besides doctor.py and weights.py, which read the frameworks' builds and
+    files), a backend knows no recipe, a recipe knows no Horovod, and nothing the Trainer calls imports it back (only
+    the package and the recipe registry do)."""
+    import os
+    frameworks = {"torch", "mxnet", "gluoncv", "horovod"}
+    top = os.path.join(ROOT, "hvdtrain")
+    knowing = {name: _top_level_imports(os.path.join(top, name)) & frameworks
+               for name in os.listdir(top) if name.endswith(".py")}
+    assert {name for name, used in knowing.items() if used} == {"doctor.py", "weights.py"}, knowing
+    for sub, forbidden in (("backends", {"recipes"}), (os.path.join("..", "recipes"), {"horovod"})):
+        folder = os.path.join(top, sub)
+        for name in os.listdir(folder):
+            if name.endswith(".py"):
+                assert not _top_level_imports(os.path.join(folder, name)) & forbidden, (sub, name)
+    graph = _module_imports("hvdtrain")
+    assert sorted(m for m, deps in graph.items() if "hvdtrain.trainer" in deps) == ["hvdtrain", "hvdtrain.registry"]
