@@ -256,7 +256,9 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
         (sample,) = data["variants"][f"{arm} n=2"]["rounds"]
         assert len(sample["worker_cpu_per_step"]) == 2 and all(c > 0 for c in sample["worker_cpu_per_step"]), arm
         threads = sample["thread_cpu_per_step"]
-        assert all(v > 0 for v in threads["main"]) and all(v > 0 for v in threads["transport"]), (arm, threads)
+        # CPU time comes in clock ticks (10 ms): over 3 steps a tick is 3.3 ms per step, more than one rank's transport
+        # thread may take for this small model (seen at 0 on one rank of a loaded machine): the job's, not each rank's.
+        assert all(v > 0 for v in threads["main"]) and sum(threads["transport"]) > 0, (arm, threads)
         if arm != "hvdtrain torch":  # the bare loops time their phases (hvdtrain's record has its own)
             phases = sample["phase_seconds_per_step"]
             assert set(phases) == {"forward", "backward", "step"} and all(len(v) == 2 for v in phases.values())
