@@ -95,7 +95,7 @@ def _horovod() -> Tuple[List[Row], bool]:
         from . import horovod_fixes
         have = horovod_fixes.library_fixes(hvd)
         rows.append(("warn" if horovod_fixes.missing(have) else "ok", "horovod fixes", horovod_fixes.describe(have),
-                     horovod_fixes.REMEDY + "; without fix 8, --shard-optimizer under Gloo is refused"
+                     "; ".join(filter(None, (horovod_fixes.REMEDY, horovod_fixes.refusals(have))))
                      if horovod_fixes.missing(have) else ""))
     return rows, len(frameworks) == len(wanted)
 

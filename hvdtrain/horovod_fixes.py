@@ -28,8 +28,11 @@ class Fix:
     applies: str = ""
     """When it matters: "mxnet", "torch", "gloo", "sharded" (--shard-optimizer under Gloo), "timeline", or ""
     (always)."""
-    wrong: bool = False
-    """Without it results can be wrong (the run is refused where it applies), not only slower or less robust."""
+    refuses: str = ""
+    """The runs whose results would be wrong without it, refused where it applies; '' for a fix whose absence only
+    makes a run slower or less robust (warned about)."""
+    refusal: str = ""
+    """The one-line refusal of such a run."""
 
 
 FIXES = (
@@ -40,7 +43,10 @@ FIXES = (
     Fix(6, "horovodrun imports PyTorch to learn what was built (about 4 s of CPU per launch)"),
     Fix(7, "Gloo: a stalled rank is never reported, so --stall-timeout cannot end a stalled job", "gloo"),
     Fix(8, "Gloo: hvd.reducescatter can return wrong values (one round in 30 under load), which --shard-optimizer "
-           "uses", "sharded", wrong=True),
+           "uses", "sharded", refuses="--shard-optimizer under Gloo",
+        refusal="--shard-optimizer under Gloo needs hvdtrain's Horovod fix 8 (Gloo's reduce-scatter can return wrong "
+                f"values without it), which this Horovod lacks: build it with {REMEDY}, or launch with MPI (mpirun, "
+                f"or horovodrun --mpi)"),
     Fix(9, "Gloo: the TCP reader wakes for every packet of a slow link (CPU per step)", "gloo"),
     Fix(10, "the timeline writer spins for the whole job once --timeline-steps arms it", "timeline"),
 )
@@ -73,6 +79,11 @@ def describe(have: FrozenSet[int]) -> str:
     return f"{which}; missing: " + "; ".join(f"fix {f.number}: {f.what}" for f in missing(have))
 
 
+def refusals(have: FrozenSet[int]) -> str:
+    """What is refused for want of the fixes ``have`` lacks ("" when nothing is), for doctor."""
+    return "; ".join(f"without fix {f.number}, {f.refuses} is refused" for f in missing(have) if f.refuses)
+
+
 def relevant(fix: Fix, cfg, framework: str, gloo: bool) -> bool:
     return (not fix.applies or fix.applies == framework or (fix.applies == "gloo" and gloo)
             or (fix.applies == "sharded" and gloo and cfg.shard_optimizer)
@@ -85,14 +96,13 @@ def check(cfg, hvd, framework: str, gloo: bool, rank: int) -> None:
     this run slower or less robust."""
     from .config import ConfigError
     lacking = [f for f in missing(library_fixes(hvd)) if relevant(f, cfg, framework, gloo)]
-    if cfg.shard_optimizer and gloo and any(f.number == 8 for f in lacking):
-        raise ConfigError("--shard-optimizer under Gloo needs hvdtrain's Horovod fix 8 (Gloo's reduce-scatter can "
-                          "return wrong values without it), which this Horovod lacks: build it with " + REMEDY
-                          + ", or launch with MPI (mpirun, or horovodrun --mpi)")
+    refused = [f for f in lacking if f.refusal]
+    if refused:
+        raise ConfigError(refused[0].refusal)
     if lacking and rank == 0:
         print(f"hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) {', '.join(str(f.number) for f in lacking)}"
               f" ({'; '.join(f.what for f in lacking)}); python -m hvdtrain doctor lists them; to get them: {REMEDY}",
               file=sys.stderr, flush=True)
 
 
-__all__ = ["FIXES", "Fix", "library_fixes", "missing", "describe", "check", "REMEDY"]
+__all__ = ["FIXES", "Fix", "library_fixes", "missing", "describe", "refusals", "check", "REMEDY"]

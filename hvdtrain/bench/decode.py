@@ -119,26 +119,27 @@ def stages(data_dir: str, image_size: int, count: int) -> Dict[str, float]:
     paths = [p for p, _ in folder.samples[:count]]
     t = ImageTransform(train=True, size=image_size)
 
-    def best(fn, items) -> float:
-        out, times = None, []
+    def timed(fn, items):
+        """(ms per item, the outputs) of ``fn`` over ``items``, the best of 3 passes."""
+        seconds = []
         for _ in range(3):
             begin = time.perf_counter()
             out = [fn(x) for x in items]
-            times.append(time.perf_counter() - begin)
-        best.out = out
-        return 1000 * min(times) / len(items)
+            seconds.append(time.perf_counter() - begin)
+        return 1000 * min(seconds) / len(items), out
 
     def read(path):
         with open(path, "rb") as f:
             return f.read()
 
     rng = np.random.default_rng(0)
-    ms = {"read": best(read, paths)}
-    ms["decode"] = best(lambda data: decode_image(data, "bench"), best.out)
-    ms["crop_resize"] = best(lambda img: t._random_resized_crop(img, rng), best.out)
-    ms["flip"] = best(lambda img: img.transpose(Image.FLIP_LEFT_RIGHT), best.out)
-    ms["to_float_normalize"] = best(lambda img: (np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0 - t.mean)
-                                    / t.std, best.out)
+    ms = {}
+    ms["read"], data = timed(read, paths)
+    ms["decode"], images = timed(lambda d: decode_image(d, "bench"), data)
+    ms["crop_resize"], crops = timed(lambda img: t._random_resized_crop(img, rng), images)
+    ms["flip"], _ = timed(lambda img: img.transpose(Image.FLIP_LEFT_RIGHT), crops)
+    ms["to_float_normalize"], _ = timed(lambda img: (np.asarray(img, np.float32).transpose(2, 0, 1) / 255.0
+                                                     - t.mean) / t.std, crops)
     return ms
 
 
