@@ -15,7 +15,9 @@ And one warning, on rank 0 from its own losses, with no collective: a finite tra
 where the run began (the mean of :attr:`Health.WINDOW` consecutive steps more than :attr:`Health.RISE` times the
 loss of this process's first step) is what a rate too high for the optimizer does; it is said once, naming the
 optimizer and the rate, long before the epoch's record would show it. (AdamW at SGD's rate on the MNIST recipe: the
-loss went from 2.3 at the first step to a mean of 11 over the first 10, then sat at chance.)
+loss went from 2.3 at the first step to a mean of 11 over the first 10, then sat at chance.) Only a run that starts
+from fresh weights is watched: a resumed run's or an --init-from run's first step is one noisy sample of an already
+low loss, no reference to measure a rise against.
 """
 from __future__ import annotations
 
@@ -68,6 +70,9 @@ class Health:
 
     def _watch_rise(self, loss: float, global_step: int, lr: float) -> None:
         if self.first is None:
+            if global_step != 1 or self.cfg.init_from:  # resumed, or trained weights: nothing to compare with
+                self.warned = True
+                return
             self.first = loss
         self.window.append(loss)
         if len(self.window) < self.WINDOW:

@@ -63,12 +63,16 @@ def test_a_rising_loss_is_warned_about_once_naming_the_optimizer_and_the_rate(ca
             "leave it out for this recipe's adamw rate, 0.001") in err, err
 
 
-def test_a_falling_or_noisy_loss_and_other_ranks_say_nothing(capsys):
+def test_a_falling_noisy_resumed_or_fine_tuned_loss_and_other_ranks_say_nothing(capsys):
     cfg = parse_overrides(MNISTConfig, [])
     _losses(Health(_Backend(), 0, "ckpt", cfg), [2.3] * 10 + [3.2] * 10 + [0.5] * 100)  # 1.39x: under the threshold
     other = _Backend()
     other.rank = 1
     _losses(Health(other, 0, "ckpt", cfg), [2.3] * 10 + [9.0] * 10)
     _losses(Health(_Backend(), 0, "ckpt", cfg), [-1.0] + [5.0] * 20)  # a loss that may be negative: no reference
+    resumed = Health(_Backend(), 0, "ckpt", cfg)
+    for step in range(101, 131):  # a resumed run's first step is no reference
+        resumed.observe(0.1 if step == 101 else 0.5, step, 0.06)
+    _losses(Health(_Backend(), 0, "ckpt", MNISTConfig(init_from="weights.pt")), [0.1] + [0.5] * 20)  # fine-tuning
     _losses(Health(_Backend(), 0, "ckpt", cfg), [2.3] * 10 + [float("nan")] * 20 + [2.4] * 10)
     assert capsys.readouterr().err == ""
