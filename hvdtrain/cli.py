@@ -44,6 +44,8 @@ commands:
                                      validation set, under horovodrun like training: the recipe's loss and metrics
   export SOURCE [--format native|onnx] [--framework torch|mxnet] [--output DIR]
                                      the trained model in a framework's own format or ONNX, with model.json
+  data pack SRC DEST | data index DEST
+                                     an ImageFolder or RecordIO as tar shards at a directory or URL (s3://...)
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
@@ -246,6 +248,11 @@ def cmd_report(argv: List[str]) -> int:
     return report_main(argv)
 
 
+def cmd_data(argv: List[str]) -> int:
+    from .shards import main as data_main
+    return data_main(argv)
+
+
 def cmd_bench(argv: List[str]) -> int:
     from .bench import main as bench_main
     try:
@@ -255,7 +262,8 @@ def cmd_bench(argv: List[str]) -> int:
         return 1
 
 
-COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
+COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report,
+            "data": cmd_data}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

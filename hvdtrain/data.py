@@ -83,6 +83,12 @@ def array_batches(dataset: ArrayDataset, indices: Sequence[int], batch_size: int
         yield dataset[indices[start:start + batch_size]]
 
 
+def pixel_normalization(dataset: Any) -> Optional[Tuple[Tuple[float, ...], Tuple[float, ...]]]:
+    """(mean, std) when ``dataset``'s samples begin with uint8 pixels (C x H x W, 0-255) for the backend to scale to
+    [0, 1] and normalize on the device, ``(x / 255 - mean) / std`` per channel; None for samples that arrive ready."""
+    return getattr(dataset, "normalize_on_device", None)
+
+
 def split_batch(batch: Any) -> Tuple[Tuple[Any, ...], Any]:
     """A batch as (the model's inputs, the target): a tuple or list ``(input, ..., target)`` — the last element is
     the target, the others the model's positional inputs — or a dict whose ``"target"`` entry is the target and whose

@@ -197,7 +197,9 @@ class Trainer:
         backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
         self.train_set, self.val_set = self.datasets_for(backend.name, backend.size)
         backend.check_data(self.train_set, cfg)
-        self.train_sampler = ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed)
+        own_order = getattr(self.train_set, "training_sampler", None)  # a dataset that orders itself (shards)
+        self.train_sampler = (own_order(backend.rank, backend.size, cfg.seed) if own_order else
+                              ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed))
         self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
                             if self.val_set is not None else None)
         self.evaluator = Evaluator(backend, self.val_set, self.val_sampler, self.metrics(),

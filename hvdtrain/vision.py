@@ -65,20 +65,22 @@ class ImageTransform:
         self.mean = np.asarray(mean, np.float32).reshape(3, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(3, 1, 1)
 
-    def _random_resized_crop(self, img, rng: np.random.Generator):
-        from PIL import Image
-        w, h = img.size
+    def crop_box(self, w: int, h: int, rng: np.random.Generator) -> Tuple[int, int, int, int]:
+        """(x, y, width, height) of a random-resized crop of a ``w`` x ``h`` image: every decoder draws the same."""
         area = w * h
         for _ in range(10):
             target = area * rng.uniform(self.min_area, 1.0)
             aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
             cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
             if 0 < cw <= w and 0 < ch <= h:
-                x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
-                return img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+                return int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1)), cw, ch
         side = min(w, h)  # fallback: the central square
-        x, y = (w - side) // 2, (h - side) // 2
-        return img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + side, y + side))
+        return (w - side) // 2, (h - side) // 2, side, side
+
+    def _random_resized_crop(self, img, rng: np.random.Generator):
+        from PIL import Image
+        x, y, cw, ch = self.crop_box(*img.size, rng)
+        return img.resize((self.size, self.size), Image.BILINEAR, box=(x, y, x + cw, y + ch))
 
     def _resize_center_crop(self, img):
         from PIL import Image
@@ -88,6 +90,13 @@ class ImageTransform:
         w, h = img.size
         x, y = (w - self.size) // 2, (h - self.size) // 2
         return img.crop((x, y, x + self.size, y + self.size))
+
+    normalize_on_device = None
+    """(mean, std) when the transform hands out uint8 pixels that the backend normalizes on the device."""
+
+    def load(self, data: bytes, name: str):
+        """The decoded image that :meth:`__call__` takes, from the file's bytes."""
+        return decode_image(data, name)
 
     def __call__(self, img, rng: Optional[np.random.Generator]) -> np.ndarray:
         from PIL import Image
@@ -104,6 +113,63 @@ class ImageTransform:
             arr = pca_lighting(arr, self.lighting, rng)
         arr = arr.transpose(2, 0, 1) / 255.0
         return (arr - self.mean) / self.std
+
+DECODERS = ("pil", "turbo")
+
+
+class TurboTransform(ImageTransform):
+    """:class:`ImageTransform`'s augmentation, about 2.3x faster per core on ImageNet-sized JPEGs (docs/data-at-scale.md):
+    JPEGs decoded by libjpeg-turbo through simplejpeg with its fast integer DCT and plain chroma upsampling (other
+    formats by PIL), the same crop boxes and flips drawn from the same generator, the crop resized by OpenCV
+    (area-averaging when it shrinks, bilinear when it enlarges), and uint8 CHW pixels handed out: the backend scales
+    and normalizes them on the device (a quarter of the bytes to move, and no float work in the loader). Colour
+    jitter and lighting, where set, are computed in float and rounded back to uint8."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.normalize_on_device = (tuple(self.mean.ravel().tolist()), tuple(self.std.ravel().tolist()))
+
+    def load(self, data: bytes, name: str) -> np.ndarray:
+        """An H x W x 3 uint8 RGB array."""
+        import simplejpeg
+        if data[:2] == b"\xff\xd8":
+            try:
+                return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
+            except ValueError:  # a CMYK, progressive-arithmetic or corrupt JPEG: PIL reads it or names it
+                pass
+        return np.asarray(decode_image(data, name))
+
+    def _resize(self, arr: np.ndarray, width: int, height: int) -> np.ndarray:
+        import cv2
+        shrink = width * height < arr.shape[0] * arr.shape[1]
+        return cv2.resize(arr, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+    def __call__(self, arr: np.ndarray, rng: Optional[np.random.Generator]) -> np.ndarray:
+        h, w = arr.shape[:2]
+        if self.train:
+            x, y, cw, ch = self.crop_box(w, h, rng)
+            arr = self._resize(arr[y:y + ch, x:x + cw], self.size, self.size)
+            if rng.random() < 0.5 and self.flip:
+                arr = arr[:, ::-1]
+            if self.jitter or self.lighting:
+                f = arr.astype(np.float32)
+                if self.jitter:
+                    f = color_jitter(f, self.jitter, rng)
+                if self.lighting:
+                    f = pca_lighting(f, self.lighting, rng)
+                arr = np.clip(np.rint(f), 0, 255).astype(np.uint8)
+        else:
+            scale = self.resize / min(w, h)
+            arr = self._resize(arr, max(self.size, round(w * scale)), max(self.size, round(h * scale)))
+            h, w = arr.shape[:2]
+            x, y = (w - self.size) // 2, (h - self.size) // 2
+            arr = arr[y:y + self.size, x:x + self.size]
+        return np.ascontiguousarray(arr.transpose(2, 0, 1))
+
+
+def image_transform(decoder: str, *args, **kwargs) -> ImageTransform:
+    """The transform of ``--decoder``: ``pil`` (:class:`ImageTransform`) or ``turbo`` (:class:`TurboTransform`)."""
+    return {"pil": ImageTransform, "turbo": TurboTransform}[decoder](*args, **kwargs)
 
 
 def decode_image(data_or_path, name: str):
@@ -130,9 +196,15 @@ class _Augmented:
     def _rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.epoch, index])
 
-    def _finish(self, img, label: int, index: int):
-        x = self.transform(img, self._rng(index)) if self.transform is not None else np.asarray(img)
-        return x, label
+    @property
+    def normalize_on_device(self):
+        """(mean, std): the samples' images are uint8 pixels for the backend to normalize on the device."""
+        return getattr(self.transform, "normalize_on_device", None)
+
+    def _finish(self, data: bytes, name: str, label: int, index: int):
+        if self.transform is None:
+            return np.asarray(decode_image(data, name)), label
+        return self.transform(self.transform.load(data, name), self._rng(index)), label
 
 
 class ImageFolder(_Augmented):
@@ -153,7 +225,8 @@ class ImageFolder(_Augmented):
 
     def __getitem__(self, index: int):
         path, label = self.samples[index]
-        return self._finish(decode_image(path, path), label, index)
+        with open(path, "rb") as f:
+            return self._finish(f.read(), path, label, index)
 
 
 # --- RecordIO --------------------------------------------------------------------------------------------------------
@@ -260,7 +333,7 @@ class RecordIODataset(_Augmented):
     def __getitem__(self, index: int):
         label, body = self.read(index)
         key = self.index[index][0]
-        return self._finish(decode_image(body, f"{self.rec_path} record {key}"), int(label), index)
+        return self._finish(body, f"{self.rec_path} record {key}", int(label), index)
 
 
 def write_recordio(folder: ImageFolder, prefix: str, max_side: int = 0, quality: int = 95, seed: int = 0) -> int:

@@ -17,6 +17,7 @@ pickled ``save_states`` format.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import random
@@ -26,7 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
+from ..data import ArrayDataset, Synthetic, array_batches, map_arrays, pixel_normalization
 from ..loss_scale import DynamicLossScale
 from ..threads import created_by
 from .gluoncv_compat import import_mxnet
@@ -457,6 +458,17 @@ class MXNetBackend(Backend):
             return a
         return map_arrays(move, batch)
 
+    def _pixels_to_device(self, spec, batch):
+        """A batch whose first array is uint8 pixels: those moved as bytes, then scaled and normalized on the
+        context (:func:`hvdtrain.data.pixel_normalization`); the rest as :meth:`_to_device` moves it."""
+        nd = self.mx.nd
+        mean, std = (nd.array(v, ctx=self.ctx).reshape((1, -1, 1, 1)) for v in spec)
+        x = batch[0]
+        x = x.as_in_context(self.ctx) if isinstance(x, nd.NDArray) else nd.array(np.asarray(x), ctx=self.ctx,
+                                                                                   dtype="uint8")
+        x = nd.broadcast_div(nd.broadcast_sub(x.astype("float32") / 255, mean), std)
+        return type(batch)([x, *self._to_device(list(batch[1:]))])
+
     def check_data(self, train_set: Any, cfg) -> None:
         self._records().check(train_set, cfg)
 
@@ -481,7 +493,8 @@ class MXNetBackend(Backend):
                                                last_batch="discard" if drop_last else "keep",
                                                num_workers=num_workers,
                                                timeout=max(1, int(self.worker_timeout or 120)))
-        return map(self._to_device, loader)
+        spec = pixel_normalization(dataset)
+        return map(self._to_device if spec is None else functools.partial(self._pixels_to_device, spec), loader)
 
     def decode_threads(self, num_workers: int) -> int:
         """ImageRecordIter's decode threads: ``--num-workers`` when given; on a GPU the rank's CPU threads (none of

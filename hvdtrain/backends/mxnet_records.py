@@ -36,9 +36,10 @@ class MXNetRecords:
                               "from an ImageFolder (--data-format imagefolder)")
 
     def reads(self, dataset: Any) -> bool:
-        """True for a training set that MXNet reads with its C++ ImageRecordIter."""
+        """True for a training set that MXNet reads with its C++ ImageRecordIter (not one decoded to uint8 pixels
+        by hvdtrain's turbo decoder, which reads the records itself, as on PyTorch)."""
         return (isinstance(dataset, RecordIODataset) and dataset.transform is not None and dataset.transform.train
-                and not self.crop_defect(dataset))
+                and dataset.normalize_on_device is None and not self.crop_defect(dataset))
 
     def crop_defect(self, dataset: Any) -> bool:
         """Whether the records hold images of exactly the training size (sampled headers, once per file). There

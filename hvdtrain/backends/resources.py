@@ -249,12 +249,14 @@ def preload_image_codecs() -> None:
     Horovod loads its extension with RTLD_GLOBAL, and libmxnet.so (which it links) exports its own libjpeg symbols:
     when Pillow is imported after that, its decoder binds to MXNet's libjpeg and decodes JPEGs as zeros or fails with
     "broken data stream". Importing PIL.Image first binds Pillow to its own libraries (extension modules are loaded
-    with RTLD_NOW).
+    with RTLD_NOW). The turbo decoder's libjpeg-turbo (simplejpeg) and OpenCV are loaded first for the same reason.
     """
-    try:
-        import PIL.Image  # noqa: F401
-    except ImportError:  # no Pillow: nothing to protect
-        pass
+    import importlib
+    for module in ("PIL.Image", "simplejpeg", "cv2"):
+        try:
+            importlib.import_module(module)
+        except ImportError:  # not installed: nothing to protect
+            pass
 
 
 def launcher_local_size() -> int:

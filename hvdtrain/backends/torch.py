@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from .. import precision as precisions
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches, map_arrays
+from ..data import ArrayDataset, Synthetic, array_batches, map_arrays, pixel_normalization
 from ..threads import created_by
 from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
@@ -422,6 +423,13 @@ class TorchBackend(Backend):
             return t.to(self.device, non_blocking=True)
         return map_arrays(move, batch)
 
+    def _pixels_to_device(self, spec, batch):
+        """A batch whose first array is uint8 pixels: those moved as bytes, then scaled and normalized on the device
+        (:func:`hvdtrain.data.pixel_normalization`); the rest as :meth:`_to_device` moves it."""
+        mean, std = (torch.tensor(v, device=self.device).view(1, -1, 1, 1) for v in spec)
+        x = torch.as_tensor(batch[0]).to(self.device, non_blocking=True).float().div_(255).sub_(mean).div_(std)
+        return type(batch)([x, *self._to_device(list(batch[1:]))])
+
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:
         if isinstance(dataset, Synthetic):
@@ -437,7 +445,9 @@ class TorchBackend(Backend):
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
                                              persistent_workers=False, timeout=limit)
-        return map(self._to_device, _within_timeout(loader, limit) if limit else loader)
+        spec = pixel_normalization(dataset)
+        to_device = self._to_device if spec is None else functools.partial(self._pixels_to_device, spec)
+        return map(to_device, _within_timeout(loader, limit) if limit else loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
