@@ -294,8 +294,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001 - the real error, with its rank, instead of a hang or a bare exit
         rank = launcher_rank()
         prefix = f"[rank {rank}] " if rank is not None else ""
-        tb = traceback.format_exc().rstrip().splitlines()
-        print("\n".join(prefix + line for line in tb), file=sys.stderr, flush=True)
+        if not getattr(e, "brief", False):  # an error whose message says it all: its traceback is in errors/ only
+            tb = traceback.format_exc().rstrip().splitlines()
+            print("\n".join(prefix + line for line in tb), file=sys.stderr, flush=True)
         if not getattr(e, "hvdtrain_reported", False):  # Trainer.fit() has already printed its one line
             _error(f"{type(e).__name__}: {e}")
         return 1

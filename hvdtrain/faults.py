@@ -47,6 +47,16 @@ def is_collective_failure(exc: BaseException) -> bool:
     return any(marker in text for marker in COLLECTIVE_FAILURE_MARKERS)
 
 
+def summary(e: BaseException) -> str:
+    """``e`` in one line: its type and first line, or, for an error a loader worker raised (PyTorch re-raises it
+    as "Caught X in DataLoader worker process N" followed by the worker's traceback), the worker's own last line."""
+    text = str(e)
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        name, sep, message = [line for line in text.splitlines() if line.strip()][-1].strip().partition(": ")
+        return f"{name.rpartition('.')[2]}{sep}{message} (in a loader worker)"
+    return f"{type(e).__name__}: {text}".splitlines()[0]
+
+
 def failure_to_raise(e: BaseException, reporter: "RankReporter", output_dir: str) -> Optional[BaseException]:
     """A rank's failure: written to OUTPUT_DIR/errors/rank-N.txt and named in one line on stderr. When the rank
     stopped only because the job's collectives broke (Horovod's own message, "Horovod has been shut down" or a Gloo
@@ -55,7 +65,7 @@ def failure_to_raise(e: BaseException, reporter: "RankReporter", output_dir: str
     path = reporter.record_error(e)
     rank = reporter.rank
     if not is_collective_failure(e):
-        mark_reported(e, rank, f"{type(e).__name__}: {e}".splitlines()[0][:300] + f" (traceback: {path})")
+        mark_reported(e, rank, summary(e)[:400] + f" (traceback: {path})")
         return None
     why = explain_failure(output_dir, rank)
     failure = JobFailed(f"stopped because the job's collectives failed ({str(e).splitlines()[0][:160]}); "

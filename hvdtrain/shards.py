@@ -47,7 +47,10 @@ SHARD_BYTES = 256 << 20
 
 
 class StoreError(RuntimeError):
-    """A shard that could not be had: the store away past --data-timeout, or a digest that does not match."""
+    """A shard that could not be had: the store away past --data-timeout, or a digest that does not match. Its
+    message says all a user needs (the traceback goes to the run's errors/ only)."""
+
+    brief = True
 
 
 # --- writing ---------------------------------------------------------------------------------------------------------
