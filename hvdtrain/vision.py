@@ -141,6 +141,8 @@ class TurboTransform(ImageTransform):
 
     def _resize(self, arr: np.ndarray, width: int, height: int) -> np.ndarray:
         import cv2
+        if cv2.getNumThreads() != 1:  # one thread per loader process: the processes are the parallelism
+            cv2.setNumThreads(1)
         shrink = width * height < arr.shape[0] * arr.shape[1]
         return cv2.resize(arr, (width, height), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 

@@ -8,7 +8,11 @@ float CHW normalised array the loaders hand to the model):
 
 - ``imagefolder``: hvdtrain.vision's ImageFolder (PIL decode, numpy), what PyTorch's loader workers run;
 - ``recordio``: hvdtrain.vision's RecordIODataset, the same decode reading the record file;
-- ``mxnet-iter``: MXNet's C++ ImageRecordIter (OpenCV decode) as the MXNet backend builds it, with N decode threads.
+- ``mxnet-iter``: MXNet's C++ ImageRecordIter (OpenCV decode) as the MXNet backend builds it, with N decode threads;
+- ``turbo``: the ImageFolder with ``--decoder turbo`` (:class:`hvdtrain.vision.TurboTransform`: libjpeg-turbo's fast
+  DCT, OpenCV's resize, uint8 pixels that the backend normalizes on the device);
+- ``turbo-shards``: the same decoder reading the images from tar shards (``DIR/shards``, packed by the benchmark
+  when missing), as ``--data-dir`` of shards reads them.
 
 At N cores the Python paths run N processes, each pinned to its own core and decoding its own images, started
 together; MXNet's runs one process pinned to N cores with N threads. The figure is images / slowest wall time / N.
@@ -30,15 +34,18 @@ import numpy as np
 
 from .runner import check_sizes, compare, cores, save
 
-PATHS = ("imagefolder", "recordio", "mxnet-iter")
+PATHS = ("imagefolder", "recordio", "mxnet-iter", "turbo", "turbo-shards")
 GPU_RATES = (700, 2500)
 """img/s a GPU trains ResNet-50 at: a V100 in the seed article's run (45,000 img/s on 64), an A100 with AMP."""
 
 
 def _dataset(path: str, data_dir: str, image_size: int):
-    from ..vision import ImageFolder, ImageTransform, RecordIODataset
-    transform = ImageTransform(train=True, size=image_size)
-    if path == "imagefolder":
+    from ..vision import ImageFolder, RecordIODataset, image_transform
+    transform = image_transform("turbo" if path.startswith("turbo") else "pil", train=True, size=image_size)
+    if path == "turbo-shards":
+        from ..shards import ShardedImages, ShardStore
+        return ShardedImages(ShardStore(os.path.join(data_dir, "shards")), "train", transform, seed=0)
+    if path in ("imagefolder", "turbo"):
         return ImageFolder(os.path.join(data_dir, "train"), transform, seed=0)
     return RecordIODataset(os.path.join(data_dir, "train.rec"), os.path.join(data_dir, "train.idx"), transform, seed=0)
 
@@ -150,14 +157,17 @@ def run(args) -> int:
     if unknown:
         print(f"bench decode: unknown --paths {','.join(unknown)}: choose from {','.join(PATHS)}", file=sys.stderr)
         return 2
-    needs = ["train"] if "imagefolder" in paths else []
-    needs += ["train.rec", "train.idx"] if set(paths) - {"imagefolder"} else []
+    needs = ["train"] if {"imagefolder", "turbo", "turbo-shards"} & set(paths) else []
+    needs += ["train.rec", "train.idx"] if {"recordio", "mxnet-iter"} & set(paths) else []
     missing = [n for n in needs if not os.path.exists(os.path.join(args.data_dir, n))]
     if missing:
         print(f"bench decode: --data-dir {args.data_dir} lacks {', '.join(missing)}: make it with python "
               f"scripts/make_photo_folder.py DIR --imagenet-like, then python scripts/make_recordio.py DIR DIR",
               file=sys.stderr)
         return 2
+    if "turbo-shards" in paths and not os.path.exists(os.path.join(args.data_dir, "shards", "index.json")):
+        from ..shards import pack
+        pack(args.data_dir, os.path.join(args.data_dir, "shards"), splits=("train",))
     counts = [int(c) for c in args.cores.split(",")] if args.cores else sorted({1, cores()})
     variants = {f"{p} x{c}": (lambda p=p, c=c: measure(p, c, args.data_dir, args.image_size, args.count))
                 for p in paths for c in counts}
@@ -173,10 +183,10 @@ def run(args) -> int:
     result = {"benchmark": "decode", "data_dir": args.data_dir, "image_size": args.image_size, "count": args.count,
               "rounds": args.rounds, "cores": cores(), "rows": rows, "variants": res,
               "stages_ms_per_image": steps, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    print(f"{'path':12s} {'cores':>5s} {'img/s per core (min-max)':>26s} " +
+    print(f"{'path':13s} {'cores':>4s} {'img/s per core (min-max)':>26s} " +
           " ".join(f"{'cores/GPU @' + str(r):>16s}" for r in GPU_RATES))
     for r in rows:
-        print(f"{r['path']:12s} {r['cores']:5d} {r['per_core']:12.1f} ({r['min']:.1f}-{r['max']:.1f})".ljust(51) +
+        print(f"{r['path']:13s} {r['cores']:4d} {r['per_core']:12.1f} ({r['min']:.1f}-{r['max']:.1f})".ljust(51) +
               " ".join(f"{r[f'cores_per_gpu_at_{g}']:16.1f}" for g in GPU_RATES))
     if steps:
         total = sum(steps.values())

@@ -113,7 +113,9 @@ def test_decode_benchmark_per_core_on_imagenet_like_jpegs(tmp_path):
                           "--cores", "1", "--output-dir", str(out)), timeout=300)
     assert result.returncode == 0, describe(result)
     data = json.loads((out / "decode.json").read_text())
-    assert [(r["path"], r["cores"]) for r in data["rows"]] == [("imagefolder", 1), ("recordio", 1), ("mxnet-iter", 1)]
+    assert [(r["path"], r["cores"]) for r in data["rows"]] == [("imagefolder", 1), ("recordio", 1), ("mxnet-iter", 1),
+                                                              ("turbo", 1), ("turbo-shards", 1)]
+    assert (photos / "shards" / "index.json").exists(), "the shards path packs its shards"
     for row in data["rows"]:
         assert 5 < row["per_core"] < 5000, row
         assert row["cores_per_gpu_at_2500"] == pytest.approx(2500 / row["per_core"])
@@ -121,7 +123,7 @@ def test_decode_benchmark_per_core_on_imagenet_like_jpegs(tmp_path):
     assert set(data["stages_ms_per_image"]) == {"read", "decode", "crop_resize", "flip", "to_float_normalize"}
     assert all(v > 0 for v in data["stages_ms_per_image"].values()), data["stages_ms_per_image"]
     bad = run(hvdtrain("bench", "decode", "--data-dir", str(photos), "--paths", "dali"), timeout=60)
-    assert bad.returncode == 2 and "unknown --paths dali: choose from imagefolder,recordio,mxnet-iter" in bad.stderr
+    assert bad.returncode == 2 and "unknown --paths dali: choose from imagefolder,recordio,mxnet-iter,turbo" in bad.stderr
 
 
 def test_parameter_server_benchmark_smallest(tmp_path):
