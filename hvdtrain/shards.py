@@ -13,9 +13,10 @@ that the ranks of one host fetch a shard once. A thread of each rank fetches its
 evicts the shards its epoch has finished with while the cache is over ``--data-cache-gb``. An unreachable store is
 retried with backoff for up to ``--data-timeout`` seconds, then the job ends naming the shard and the store.
 
-Order (:class:`ShardStreamSampler`): per (seed, epoch) the shards are shuffled and dealt to the ranks, each shard to
-the rank with the fewest samples so far, so that each rank (and each host) reads its own shards; each rank's stream
-is its shards' samples, shuffled within each shard, padded to the longest stream by repeating its start. Rank r's
+Order (:class:`ShardStreamSampler`): by the seed, the shards are shuffled and dealt to the ranks, each shard to the
+rank with the fewest samples so far, so that each rank (and each host) reads shards of its own, the same ones every
+epoch; per (seed, epoch) each rank's stream is its shards in a new order, their samples shuffled within each shard,
+padded to the longest stream by repeating its start. Rank r's
 i-th sample is position ``i * size + r`` of the epoch's order, as with :class:`hvdtrain.data.ShardSampler`, so a
 resume at ``offset`` continues every stream where it stopped.
 """
@@ -42,6 +43,8 @@ from .data import ShardSampler
 INDEX = "index.json"
 FORMAT = "webdataset"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm")
+DEAL = 0x5EED
+"""A constant in the seeds of the dealing and of the within-shard order, apart from other uses of (seed, epoch)."""
 SHARD_BYTES = 256 << 20
 """Default shard size of ``data pack``: 256 MB (object stores and parallel file systems favour 100 MB - 1 GB)."""
 
@@ -554,18 +557,20 @@ class ShardStreamSampler(ShardSampler):
         self.dataset = dataset
 
     def streams(self) -> List[Tuple[List[int], np.ndarray]]:
-        """Per rank: (its shards in reading order, its sample indices) for the current epoch, before padding."""
+        """Per rank: (its shards in this epoch's reading order, its sample indices) before padding. The shards are
+        dealt by the seed alone, so each rank keeps its shards from epoch to epoch (its host's cache needs only its
+        ranks' share of the dataset, and every epoch after the first reads from the cache); their order and the
+        order of the samples within each are drawn from (seed, epoch)."""
         ds = self.dataset
-        rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(len(ds.shards))
         counts, dealt = [0] * self.size, [[] for _ in range(self.size)]
-        for k in order.tolist():
+        for k in np.random.default_rng([self.seed, DEAL]).permutation(len(ds.shards)).tolist():
             r = min(range(self.size), key=lambda i: (counts[i], i))
             dealt[r].append(k)
             counts[r] += ds.shards[k]["samples"]
         out = []
         for r, shards in enumerate(dealt):
-            parts = [ds.starts[k] + np.random.default_rng([self.seed, self.epoch, k]).permutation(
+            shards = [shards[i] for i in np.random.default_rng([self.seed, self.epoch, r]).permutation(len(shards))]
+            parts = [ds.starts[k] + np.random.default_rng([self.seed, self.epoch, DEAL, k]).permutation(
                 ds.shards[k]["samples"]) for k in shards]
             out.append((shards, np.concatenate(parts) if parts else np.zeros(0, np.int64)))
         return out

@@ -65,6 +65,7 @@ def test_a_sharded_dataset_gives_the_folders_samples(photos, shards):
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 def test_each_epoch_deals_every_sample_to_one_rank_and_each_shard_to_one(shards, size):
     ds = ShardedImages(ShardStore(shards), "train", None)
+    kept = []
     for epoch in (0, 1):
         samplers = [ShardStreamSampler(ds, r, size, seed=4) for r in range(size)]
         streams = []
@@ -74,10 +75,12 @@ def test_each_epoch_deals_every_sample_to_one_rank_and_each_shard_to_one(shards,
         assert len({len(s) for s in streams}) == 1, "every rank runs the same steps"
         assert set(np.concatenate(streams).tolist()) == set(range(46))
         owners = [{ds.locate(int(i))[0] for i in s} for s in streams]
+        kept.append(owners)
         if size <= len(ds.shards) // 2:
             for a in range(size):
                 for b in range(a + 1, size):
                     assert not owners[a] & owners[b], "each rank reads shards of its own"
+    assert kept[0] == kept[1], "each rank keeps its shards from epoch to epoch (its host's cache stays warm)"
     again = ShardStreamSampler(ds, 0, size, seed=4)
     again.set_epoch(1)
     np.testing.assert_array_equal(again.indices(), streams[0])
