@@ -1,0 +1,168 @@
+"""The emulated cluster of the network benchmarks (``bench network``, ``bench shards``) and of tests: the namespace
+hosts of ``scripts/netns_cluster.sh``, every link limited with ``tc tbf``, each host optionally held to a CPU quota
+(a cgroup), and ``horovodrun`` launched on them. Root only; everything is removed on the way out."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+from ..config import ConfigError
+from .costmodel import rate_bits
+
+CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
+                       "netns_cluster.sh")
+
+
+QUOTA_PERIOD_US = 10000
+"""The CPU quota's accounting period: 10 ms, not the kernel's 100 ms, so that a host that spent its share waits at most
+6 ms rather than 60, which would quantise steps of 100-300 ms into whole throttled periods."""
+
+
+class CpuQuota:
+    """A CPU limit per namespace host (cgroup v1 ``cpu`` or cgroup v2 ``cpu.max``): ``cores`` cores for everything
+    that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
+    machine do not compete for its cores and the links, not the processors, limit a step."""
+
+    def __init__(self, name: str, hosts: int, cores: float):
+        v1, v2 = "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            self.root, self.v2 = v1, False
+        elif "cpu" in _read(os.path.join(v2, "cgroup.controllers")).split():
+            self.root, self.v2 = v2, True
+            with open(os.path.join(v2, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpu")
+        else:
+            raise ConfigError("--cpu-quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 with "
+                              "cpu in cgroup.controllers); pass --cpu-quota 0 to run without one")
+        period = QUOTA_PERIOD_US
+        self.dirs = []
+        for i in range(hosts):
+            path = os.path.join(self.root, f"{name}-h{i}")
+            os.makedirs(path, exist_ok=True)
+            self.dirs.append(path)
+            if self.v2:
+                _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
+            else:
+                _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                _write(os.path.join(path, "cpu.cfs_quota_us"), str(int(cores * period)))
+
+    def procs(self, host: int) -> str:
+        return os.path.join(self.dirs[host], "cgroup.procs")
+
+    def add(self, host: int, pid: int) -> None:
+        _write(self.procs(host), str(pid))
+
+    def remove(self) -> None:
+        for path in self.dirs:
+            for _ in range(50):  # the processes the cluster's teardown killed leave the group as they exit
+                try:
+                    os.rmdir(path)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Cluster:
+    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i (inside its CPU quota, if any)."""
+
+    def __init__(self, state: str, hosts: int, quota: Optional[CpuQuota] = None):
+        self.state, self.quota = state, quota
+        env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "env")) if "=" in line)
+        self.ns_prefix = env["NETNS_PREFIX"]
+        self.addresses = [line.split()[1] for line in open(os.path.join(state, "hosts")) if line.strip()][:hosts]
+        if quota is not None:  # each host's sshd, so that what horovodrun starts over ssh is in the host's quota
+            for i in range(hosts):
+                pids = _run(["ip", "netns", "pids", f"{self.ns_prefix}h{i}"], f"ip netns pids on host{i}").split()
+                for pid in pids:
+                    quota.add(i, int(pid))
+
+    def prefix(self, host: int) -> List[str]:
+        # ip netns exec mounts a /sys without the cgroups: cgroups.sh mounts them again, so that a rank reads its
+        # host's quota as in a container (hvdtrain chooses its threads and Horovod's wait by it).
+        ns = ["ip", "netns", "exec", f"{self.ns_prefix}h{host}", "sh", os.path.join(self.state, "cgroups.sh")]
+        if self.quota is None:
+            return ns
+        # Into the host's group before entering its namespace.
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', self.quota.procs(host), *ns]
+
+    def links(self) -> Iterator[Tuple[List[str], str]]:
+        """(command prefix, device) of both ends of every host's link: its own eth0 (what it sends) and its port on
+        the bridge (what it receives)."""
+        for i in range(len(self.addresses)):
+            yield ["ip", "netns", "exec", f"{self.ns_prefix}h{i}"], "eth0"
+            yield [], f"{self.ns_prefix}v{i}"
+
+
+def _run(cmd: Sequence[str], what: str, timeout: float = 600) -> str:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench: {what} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+@contextlib.contextmanager
+def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0) -> Iterator[Cluster]:
+    """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
+    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none); all of it removed on the way
+    out."""
+    if os.geteuid() != 0:
+        raise ConfigError("bench network needs root (network namespaces and tc)")
+    if not os.path.exists(CLUSTER):
+        raise ConfigError(f"bench network needs the repository's scripts/netns_cluster.sh (not found at {CLUSTER})")
+    burst = burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100))
+    # A kill (SIGTERM) unwinds like Ctrl-C, so the namespaces and links go with the run.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    quota = None
+    with tempfile.TemporaryDirectory(prefix="hvdtrain-net-") as state:
+        try:
+            _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")
+            if cpu_quota:
+                quota = CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota)
+            cluster = Cluster(state, hosts, quota)
+            for prefix, dev in cluster.links():
+                _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
+                      "latency", "50ms"], f"tc on {dev}")
+            print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
+                  + (f", each host to {cpu_quota:g} cores" if cpu_quota else ""), flush=True)
+            yield cluster
+        finally:
+            subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
+            if quota is not None:
+                quota.remove()
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
+    """horovodrun on host0 over the first ``n`` hosts, one rank each, running ``command``. Over several hosts their
+    interface is named (as DDP's arm names it to c10d): horovodrun's own search for it starts a task service on every
+    host and has each probe the others, which at 8 hosts of 0.25 cores outran its 30 s start-up limit; the limit is
+    raised too, for the ssh start-ups that remain. (On host0 alone horovodrun wants the loopback, not eth0.)"""
+    binary = os.path.dirname(sys.executable)
+    hosts = ",".join(f"host{i}:1" for i in range(n))
+    path = os.pathsep.join([os.path.join(cluster.state, "bin"), binary, os.environ.get("PATH", "")])
+    nic = ["--network-interfaces", "eth0"] if n > 1 else []
+    return [*cluster.prefix(0), "env", f"PATH={path}", os.path.join(binary, "horovodrun"), "-np", str(n), "-H", hosts,
+            "--gloo", *nic, "--start-timeout", str(START_TIMEOUT), sys.executable, *command]
+
+
+START_TIMEOUT = 180
+"""Seconds horovodrun may take to start the bench's ranks (its default, 30, is for hosts with whole cores)."""
