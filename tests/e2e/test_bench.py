@@ -238,6 +238,30 @@ def test_a_shaped_host_reads_its_cpu_quota_as_a_container_would():
 
 
 @pytest.mark.machine
+def test_shards_benchmark_trains_from_s3_over_shaped_links_beside_local_data(tmp_path):
+    """Issue 56, item 7, at its smallest: 2 namespace hosts at 200 Mbit/s, the ImageNet recipe from an ImageFolder,
+    from local shards and from the shards at s3:// (moto in the root namespace, reached through the bridge), the
+    warm S3 epoch against local shards and the cold one beside the link's limit; nothing left behind."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs the 'test' extra)")
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    before = _netns_and_links()
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "shards", "--hosts", "2", "--rate", "200mbit", "--rounds", "1", "--per-class",
+                          "16", "--shard-mb", "0.5", "--image-size", "32", "--batch-size", "4", "--output-dir",
+                          str(out)), timeout=400)
+    assert result.returncode == 0, describe(result)
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    data = json.loads((out / "shards.json").read_text())
+    assert set(data["variants"]) == {"imagefolder", "shards local", "shards s3"}
+    assert all(v["images_per_sec"] > 0 for v in data["variants"].values()), data["variants"]
+    assert data["warm_s3_over_local_shards"] > 0 and data["cold_s3_images_per_sec"] > 0
+    assert data["link_images_per_sec_per_host"] == pytest.approx(200e6 / 8 / data["image_bytes"])
+    assert "warm S3 / local shards:" in result.stdout and _png(out / "shards.png")
+
+
+@pytest.mark.machine
 def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp_path):
     """--frameworks torch,ddp,horovod-torch on 2 shaped hosts: hvdtrain on PyTorch, DDP under torchrun on every host
     (default and 1 MB buckets) and Horovod's own PyTorch loop, each against its own one-host run, each worker's CPU by
