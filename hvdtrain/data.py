@@ -89,6 +89,12 @@ def pixel_normalization(dataset: Any) -> Optional[Tuple[Tuple[float, ...], Tuple
     return getattr(dataset, "normalize_on_device", None)
 
 
+def decodes_on_device(dataset: Any) -> bool:
+    """Whether ``dataset``'s images reach the backend still encoded, for it to decode on its device
+    (``--decoder device``: :class:`hvdtrain.vision.DeviceDecodeTransform`)."""
+    return bool(getattr(getattr(dataset, "transform", None), "decode_on_device", False))
+
+
 def split_batch(batch: Any) -> Tuple[Tuple[Any, ...], Any]:
     """A batch as (the model's inputs, the target): a tuple or list ``(input, ..., target)`` — the last element is
     the target, the others the model's positional inputs — or a dict whose ``"target"`` entry is the target and whose

@@ -475,6 +475,10 @@ class ShardedImages:
     def normalize_on_device(self):
         return getattr(self.transform, "normalize_on_device", None)
 
+    @property
+    def collate(self):
+        return getattr(self.transform, "collate", None)
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 

@@ -114,7 +114,7 @@ class ImageTransform:
         arr = arr.transpose(2, 0, 1) / 255.0
         return (arr - self.mean) / self.std
 
-DECODERS = ("pil", "turbo")
+DECODERS = ("pil", "turbo", "device")
 
 
 class TurboTransform(ImageTransform):
@@ -130,14 +130,7 @@ class TurboTransform(ImageTransform):
         self.normalize_on_device = (tuple(self.mean.ravel().tolist()), tuple(self.std.ravel().tolist()))
 
     def load(self, data: bytes, name: str) -> np.ndarray:
-        """An H x W x 3 uint8 RGB array."""
-        import simplejpeg
-        if data[:2] == b"\xff\xd8":
-            try:
-                return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
-            except ValueError:  # a CMYK, progressive-arithmetic or corrupt JPEG: PIL reads it or names it
-                pass
-        return np.asarray(decode_image(data, name))
+        return decode_rgb(data, name)
 
     def _resize(self, arr: np.ndarray, width: int, height: int) -> np.ndarray:
         import cv2
@@ -169,9 +162,86 @@ class TurboTransform(ImageTransform):
         return np.ascontiguousarray(arr.transpose(2, 0, 1))
 
 
+class EncodedImages:
+    """Images still encoded, with what the device needs to finish them: each one's bytes, its crop box in the
+    stored image (x, y, width, height) and whether to flip it, the side ``size`` the crops are resized to; or, with
+    ``resize``, no box: the image's shorter side resized to ``resize``, then its centre ``size`` cropped (validation).
+    A sample holds one image, a batch (:meth:`DeviceDecodeTransform.collate`) several. ``shape`` and ``dtype``
+    describe one finished image (C x H x W float), for a model that needs a sample's shape before training."""
+
+    dtype = np.float32
+
+    def __init__(self, data: List[bytes], boxes: np.ndarray, flips: np.ndarray, size: int, names: List[str],
+                 resize: int = 0):
+        self.data, self.boxes, self.flips, self.size, self.names = data, boxes, flips, size, names
+        self.resize = resize
+        self.shape = (3, size, size)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+def image_size(data: bytes, name: str) -> Tuple[int, int]:
+    """(width, height) of an encoded image from its header, without decoding it."""
+    from PIL import Image
+    try:
+        return Image.open(io.BytesIO(data)).size
+    except Exception as e:  # noqa: BLE001 - PIL raises many types; all mean the same to the user
+        raise RuntimeError(f"cannot decode image {name}: {type(e).__name__}: {e}") from None
+
+
+class DeviceDecodeTransform(ImageTransform):
+    """``--decoder device``: the loader only reads the file and draws the crop box and flip (the same draws as
+    :class:`ImageTransform`'s, from the same generator); the backend decodes the batch on its device (nvJPEG through
+    torchvision on a GPU, libjpeg-turbo on the CPU: the CPU stand-in that the tests run), then crops, resizes
+    (bilinear, antialiased), flips and normalizes there; validation images are resized and centre-cropped there. No
+    colour jitter or lighting."""
+
+    decode_on_device = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.normalize_on_device = (tuple(self.mean.ravel().tolist()), tuple(self.std.ravel().tolist()))
+
+    def load(self, data: bytes, name: str):
+        return data, name
+
+    def __call__(self, loaded, rng: Optional[np.random.Generator]) -> EncodedImages:
+        data, name = loaded
+        w, h = image_size(data, name)
+        if not self.train:
+            return EncodedImages([data], np.asarray([(0, 0, w, h)], np.int32), np.asarray([False]), self.size,
+                                 [name], resize=self.resize)
+        box = self.crop_box(w, h, rng)
+        flip = bool(rng.random() < 0.5 and self.flip)
+        return EncodedImages([data], np.asarray([box], np.int32), np.asarray([flip]), self.size, [name])
+
+    @staticmethod
+    def collate(samples):
+        """A batch of (EncodedImages, label) samples: one EncodedImages and the labels' array."""
+        images = [s[0] for s in samples]
+        return (EncodedImages([d for i in images for d in i.data], np.concatenate([i.boxes for i in images]),
+                              np.concatenate([i.flips for i in images]), images[0].size,
+                              [n for i in images for n in i.names], images[0].resize),
+                np.asarray([s[1] for s in samples]))
+
+
 def image_transform(decoder: str, *args, **kwargs) -> ImageTransform:
-    """The transform of ``--decoder``: ``pil`` (:class:`ImageTransform`) or ``turbo`` (:class:`TurboTransform`)."""
-    return {"pil": ImageTransform, "turbo": TurboTransform}[decoder](*args, **kwargs)
+    """The transform of ``--decoder``: ``pil`` (:class:`ImageTransform`), ``turbo`` (:class:`TurboTransform`) or
+    ``device`` (:class:`DeviceDecodeTransform`)."""
+    return {"pil": ImageTransform, "turbo": TurboTransform, "device": DeviceDecodeTransform}[decoder](*args, **kwargs)
+
+
+def decode_rgb(data: bytes, name: str) -> np.ndarray:
+    """An H x W x 3 uint8 RGB array: a JPEG by libjpeg-turbo (simplejpeg: fast DCT, plain chroma upsampling), any
+    other image, or a JPEG simplejpeg cannot read (CMYK, arithmetic coding), by PIL, which names a corrupt one."""
+    import simplejpeg
+    if data[:2] == b"\xff\xd8":
+        try:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
+        except ValueError:
+            pass
+    return np.asarray(decode_image(data, name))
 
 
 def decode_image(data_or_path, name: str):
@@ -202,6 +272,11 @@ class _Augmented:
     def normalize_on_device(self):
         """(mean, std): the samples' images are uint8 pixels for the backend to normalize on the device."""
         return getattr(self.transform, "normalize_on_device", None)
+
+    @property
+    def collate(self):
+        """How a batch of samples is put together, where the transform says (None: the loader's default)."""
+        return getattr(self.transform, "collate", None)
 
     def _finish(self, data: bytes, name: str, label: int, index: int):
         if self.transform is None:

@@ -60,9 +60,10 @@ class ImageNetConfig(TrainConfig):
     tar shards) in a directory or at a URL (s3://bucket/prefix)."""
     data_format: Literal["auto", "imagefolder", "recordio", "shards"] = "auto"
     """Data layout in --data-dir: auto, imagefolder, recordio or shards."""
-    decoder: Literal["pil", "turbo"] = "pil"
-    """Image decoding: pil, or turbo (libjpeg-turbo's fast DCT and OpenCV's resize, uint8 pixels normalized on the
-    device: about 2.3x the images per core on ImageNet-sized JPEGs)."""
+    decoder: Literal["pil", "turbo", "device"] = "pil"
+    """Image decoding: pil; turbo (libjpeg-turbo's fast DCT and OpenCV's resize, uint8 pixels normalized on the
+    device: about 2.2x the images per core on ImageNet-sized JPEGs); or device (PyTorch: the JPEGs decoded, cropped
+    and resized on the GPU by nvJPEG through torchvision; on a CPU by libjpeg-turbo in the training process)."""
     data_cache: str = ""
     """Where shards read from a URL are cached on each host (default ~/.cache/hvdtrain/shards)."""
     data_cache_gb: float = 0.0
@@ -110,12 +111,18 @@ class ImageNetConfig(TrainConfig):
                               f"and {self.lighting}")
         if self.num_classes < 0:
             raise ConfigError(f"--num-classes must be 0 (auto) or more, got {self.num_classes}")
-        if self.decoder == "turbo":
+        if self.decoder == "device" and self.framework == "mxnet":
+            raise ConfigError("--decoder device decodes with torchvision's nvJPEG, which MXNet cannot use; on MXNet "
+                              "use --decoder turbo")
+        if self.decoder == "device" and (self.color_jitter or self.lighting):
+            raise ConfigError("--decoder device applies no --color-jitter or --lighting; use --decoder turbo or pil "
+                              "with them")
+        if self.decoder != "pil":
             for module in ("simplejpeg", "cv2"):
                 try:
                     __import__(module)
                 except ImportError:
-                    raise ConfigError(f"--decoder turbo needs simplejpeg and OpenCV ({module} is missing): pip "
+                    raise ConfigError(f"--decoder {self.decoder} needs simplejpeg and OpenCV ({module} is missing): pip "
                                       f"install 'hvdtrain[vision]' (make install does), or use --decoder pil") from None
         if self.data_cache_gb < 0 or self.data_timeout <= 0:
             raise ConfigError(f"--data-cache-gb must be at least 0 and --data-timeout above 0, got "

@@ -27,7 +27,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches, map_arrays, pixel_normalization
+from ..data import ArrayDataset, Synthetic, array_batches, decodes_on_device, map_arrays, pixel_normalization
 from ..loss_scale import DynamicLossScale
 from ..threads import created_by
 from .gluoncv_compat import import_mxnet
@@ -470,6 +470,9 @@ class MXNetBackend(Backend):
         return type(batch)([x, *self._to_device(list(batch[1:]))])
 
     def check_data(self, train_set: Any, cfg) -> None:
+        if decodes_on_device(train_set):
+            raise ConfigError("--decoder device decodes on the device with torchvision's nvJPEG, which MXNet "
+                              "cannot use (DALI after 1.39 has no MXNet plugin either); on MXNet use --decoder turbo")
         self._records().check(train_set, cfg)
 
     def _records(self) -> MXNetRecords:

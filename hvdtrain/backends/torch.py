@@ -15,8 +15,9 @@ import torch.nn.functional as F
 
 from .. import precision as precisions
 from ..config import ConfigError
-from ..data import ArrayDataset, Synthetic, array_batches, map_arrays, pixel_normalization
+from ..data import ArrayDataset, Synthetic, array_batches, decodes_on_device, map_arrays, pixel_normalization
 from ..threads import created_by
+from ..vision import EncodedImages, decode_rgb
 from .base import Backend, Task
 from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
 from .torch_groups import BUCKETS, distributed_optimizer
@@ -424,11 +425,62 @@ class TorchBackend(Backend):
         return map_arrays(move, batch)
 
     def _pixels_to_device(self, spec, batch):
-        """A batch whose first array is uint8 pixels: those moved as bytes, then scaled and normalized on the device
+        """A batch whose first array is uint8 pixels, or images still encoded (``--decoder device``): those moved as
+        bytes, decoded there if encoded, then scaled and normalized on the device
         (:func:`hvdtrain.data.pixel_normalization`); the rest as :meth:`_to_device` moves it."""
         mean, std = (torch.tensor(v, device=self.device).view(1, -1, 1, 1) for v in spec)
-        x = torch.as_tensor(batch[0]).to(self.device, non_blocking=True).float().div_(255).sub_(mean).div_(std)
-        return type(batch)([x, *self._to_device(list(batch[1:]))])
+        if isinstance(batch[0], EncodedImages):
+            x = self._decode_images(batch[0])
+        else:
+            x = torch.as_tensor(batch[0]).to(self.device, non_blocking=True).float()
+        return type(batch)([x.div_(255).sub_(mean).div_(std), *self._to_device(list(batch[1:]))])
+
+    def _decode_images(self, images: EncodedImages):
+        """N x 3 x S x S float pixels (0-255) on the device: each image decoded (:meth:`_decode_jpegs`), cropped to
+        its box and resized to S, or resized to its shorter side and centre-cropped (validation), both bilinear and
+        antialiased, and flipped, there."""
+        side = images.size
+        out = torch.empty((len(images), 3, side, side), device=self.device)
+        for i, img in enumerate(self._decode_jpegs(images.data, images.names)):
+            img = img[None].float()
+            if images.resize:
+                h, w = img.shape[2:]
+                scale = images.resize / min(w, h)
+                img = F.interpolate(img, size=(max(side, round(h * scale)), max(side, round(w * scale))),
+                                    mode="bilinear", align_corners=False, antialias=True)
+                y, x = (img.shape[2] - side) // 2, (img.shape[3] - side) // 2
+                crop = img[0, :, y:y + side, x:x + side]
+            else:
+                x, y, w, h = images.boxes[i].tolist()
+                crop = F.interpolate(img[:, :, y:y + h, x:x + w], size=(side, side), mode="bilinear",
+                                     align_corners=False, antialias=True)[0]
+            out[i] = crop.flip(-1) if images.flips[i] else crop
+        return out.clamp_(0, 255)
+
+    def _decode_jpegs(self, data: List[bytes], names: List[str]) -> List[Any]:
+        """3 x H x W uint8 tensors on the device: on a GPU the JPEGs by nvJPEG in one call (torchvision), others on
+        the CPU; on the CPU every image by libjpeg-turbo (hvdtrain.vision.decode_rgb): the GPU path's stand-in."""
+        out: List[Any] = [None] * len(data)
+        gpu = [i for i, d in enumerate(data) if d[:2] == b"\xff\xd8"] if self.device.type == "cuda" else []
+        if gpu:
+            from torchvision.io import ImageReadMode, decode_jpeg
+            encoded = [torch.frombuffer(bytearray(data[i]), dtype=torch.uint8) for i in gpu]
+            for i, img in zip(gpu, decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device)):
+                out[i] = img
+        for i, d in enumerate(data):
+            if out[i] is None:
+                arr = decode_rgb(d, names[i])
+                out[i] = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).permute(2, 0, 1).to(self.device)
+        return out
+
+    def check_data(self, train_set: Any, cfg) -> None:
+        if decodes_on_device(train_set) and self.device.type == "cuda":
+            try:
+                import torchvision.io  # noqa: F401
+            except ImportError:
+                raise ConfigError("--decoder device decodes JPEGs on the GPU with torchvision's nvJPEG, and "
+                                  "torchvision is not installed: pip install torchvision (the build that matches "
+                                  "this torch), or use --decoder turbo") from None
 
     def loader(self, dataset: Any, sampler: Iterable[int], batch_size: int, drop_last: bool,
                num_workers: int = 0) -> Iterator[Any]:
@@ -442,6 +494,7 @@ class TorchBackend(Backend):
         # after N seconds"), as a stalled collective does: a hung worker would otherwise leave every rank waiting.
         limit = self.worker_timeout if num_workers > 0 else 0  # (PyTorch refuses a timeout without workers)
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
+                                             collate_fn=getattr(dataset, "collate", None),
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
                                              persistent_workers=False, timeout=limit)
