@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import read_metrics
 from tests.e2e.test_remote_outputs import start_server
-from tests.helpers import PY, ROOT, answers, describe, free_port, horovodrun, run
+from tests.helpers import PY, ROOT, answers, describe, free_port, horovodrun, kill_tree, run
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (make install installs the 'remote' extra)")
 pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs the 'test' extra)")
@@ -172,6 +172,42 @@ def test_stopped_mid_epoch_and_resumed_from_the_url_equals_uninterrupted(packed,
     assert same(figures(out), uninterrupted[framework]), describe(resumed)
 
 
+def test_killed_mid_epoch_and_resumed_from_the_url_equals_uninterrupted(packed, uninterrupted, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    cmd = [PY, *TRAIN, "--framework", "torch", "--data-dir", packed[1], "--output-dir", str(out), "--epochs", "3",
+           "--resume", "never", "--checkpoint-every-steps", "2", "--data-cache", str(cache)]
+    log = open(tmp_path / "log", "w+")
+    proc = subprocess.Popen(horovodrun(2, *cmd), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            start_new_session=True)
+    try:  # killed (every process, SIGKILL) once the checkpoint of step 8, inside epoch 2, is written
+        deadline = time.time() + 180
+        def checkpointed():
+            return (out / "checkpoints").is_dir() and any("-s000000008" in n for n in os.listdir(out / "checkpoints"))
+        while not checkpointed():
+            assert proc.poll() is None and time.time() < deadline, open(tmp_path / "log").read()
+            time.sleep(0.02)
+    finally:
+        kill_tree(proc)  # horovodrun and every rank, at once
+        proc.wait(30)
+    resumed = train("torch", packed[1], out, "--epochs", "3", "--checkpoint-every-steps", "2", cache=cache)
+    assert "resuming from" in resumed.output and "(epoch 1, step " in resumed.output, describe(resumed)
+    assert same(figures(out), uninterrupted["torch"]), describe(resumed)
+
+
+def test_decoding_on_the_device_trains_from_the_url_and_mxnet_refuses_it(packed, tmp_path):
+    """--decoder device on PyTorch: the loader hands over encoded images and crop boxes, the backend decodes on its
+    device (here the CPU stand-in of the GPU's nvJPEG); MXNet refuses it in one line before Horovod starts."""
+    done = train("torch", packed[1], tmp_path / "out", "--epochs", "1", "--resume", "never", "--decoder", "device",
+                 cache=tmp_path / "cache")
+    record = read_metrics(str(tmp_path / "out"))[0]
+    assert record["epoch"] == 1 and record["train_loss"] > 0 and record["val_accuracy"] >= 0, describe(done)
+    refused = run([PY, *TRAIN, "--framework", "mxnet", "--data-dir", packed[1], "--decoder", "device",
+                   "--output-dir", str(tmp_path / "mx")], timeout=120)
+    assert refused.returncode == 2 and "--decoder device decodes with torchvision's nvJPEG" in refused.stderr, \
+        describe(refused)
+    assert len(refused.stderr.strip().splitlines()) == 1, describe(refused)
+
+
 def start_job(packed, out, cache, *extra):
     cmd = [PY, *TRAIN, "--framework", "torch", "--data-dir", packed[1], "--output-dir", str(out), "--resume", "never",
            "--data-cache-gb", "0.0015", "--data-cache", str(cache), *extra]
@@ -195,7 +231,7 @@ def test_the_store_away_for_seconds_mid_epoch_costs_retries_only(store, packed, 
         assert proc.wait(240) == 0, output()
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
         if relay.proc.poll() is not None:
             relay.start()
     # The outage fell in epoch 2, which waited for its data (s3fs's own retries, or hvdtrain's past them) ...
@@ -214,7 +250,7 @@ def test_the_store_away_past_the_timeout_ends_the_job_naming_shard_and_store(sto
         assert proc.wait(180) != 0, output()
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
         relay.start()
     assert "the store s3://shards/photos did not answer for 5 s (--data-timeout" in output(), output()
     assert "shard train-0000" in output() or "shard val-0000" in output(), output()

@@ -172,3 +172,30 @@ def _has_turbo() -> bool:
         return True
     except ImportError:
         return False
+
+
+def test_the_device_decoder_draws_the_same_boxes_and_finishes_on_the_device(photos):
+    """--decoder device: the loader hands over the encoded image and its crop box (the same draws as the other
+    decoders); the PyTorch backend decodes, crops, resizes, flips and normalizes on its device, here the CPU (the
+    GPU path's stand-in); a few grey levels from the turbo decoder's images."""
+    pytest.importorskip("simplejpeg")
+    torch = pytest.importorskip("torch")
+    from hvdtrain.backends.torch import TorchBackend
+    from hvdtrain.vision import EncodedImages
+    backend = object.__new__(TorchBackend)
+    backend.device = torch.device("cpu")
+    for train in (True, False):
+        kwargs = dict(train=train, size=32, resize=40)
+        device = ImageFolder(os.path.join(photos, "train"), image_transform("device", **kwargs), seed=5)
+        turbo = ImageFolder(os.path.join(photos, "train"), image_transform("turbo", **kwargs), seed=5)
+        picks = list(range(0, 46, 5))
+        batch = device.collate([device[i] for i in picks])
+        assert isinstance(batch[0], EncodedImages) and len(batch[0]) == len(picks)
+        assert batch[0].shape == (3, 32, 32) and batch[1].tolist() == [turbo[i][1] for i in picks]
+        x, y = backend._pixels_to_device(device.normalize_on_device, batch)
+        mean, std = (np.asarray(v, np.float32).reshape(3, 1, 1) for v in turbo.normalize_on_device)
+        for k, i in enumerate(picks):
+            want = (turbo[i][0] / np.float32(255) - mean) / std
+            diff = np.abs(x[k].numpy() - want).mean() * 0.226 * 255
+            assert diff < 8, (train, i, diff)
+        assert y.dtype == torch.int64
