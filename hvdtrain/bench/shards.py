@@ -83,7 +83,8 @@ def _train(cluster, hosts: int, data_dir: str, args, env: Dict[str, str], extra:
             first, second = [json.loads(line) for line in f if line.strip()][:2]
         return {"images_per_sec": float(second["images_per_sec"]), "epoch1_images_per_sec":
                 float(first["images_per_sec"]), "epoch1_data_seconds": first["phase_seconds"]["data"],
-                "epoch2_data_seconds": second["phase_seconds"]["data"]}
+                "epoch2_data_seconds": second["phase_seconds"]["data"],
+                "epoch2_cpu_seconds_per_step": second.get("cpu_seconds_per_step")}
 
 
 def run(args) -> int:
