@@ -44,7 +44,7 @@ from .cluster import QUOTA_PERIOD_US, shaped_cluster
 from .collectives import (FRONTENDS, _collectives_rows, _print_collectives, _print_paths, allreduce_paths,
                           collectives_only, gradient_bytes)
 from .costmodel import rate_bits
-from .prediction import _print_prediction, allreduce_link, predict, read_calibration  # noqa: F401 - also imported
+from .prediction import _print_prediction, predict, read_calibration
 from .runner import check_sizes, compare, write
 
 

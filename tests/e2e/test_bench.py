@@ -223,7 +223,7 @@ def test_a_shaped_host_reads_its_cpu_quota_as_a_container_would():
     why = why_no_netns()
     if why:
         pytest.skip(why)
-    from hvdtrain.bench.network import shaped_cluster
+    from hvdtrain.bench.cluster import shaped_cluster
     probe = ("from hvdtrain.backends.resources import cgroup_cpu_quota, spin_wait; "
              "q = cgroup_cpu_quota(); print('quota', q and round(q[0], 3), 'spin', spin_wait())")
     with shaped_cluster(2, "200mbit", cpu_quota=0.3) as cluster:
@@ -322,7 +322,7 @@ def test_network_allreduce_paths_on_the_shaped_links(tmp_path):
     on one flat tensor and by c10d's Gloo (its rendezvous on host0), each no faster than the link allows, each
     rank's CPU by thread, the processor recorded, and nothing left behind."""
     from hvdtrain.bench.allreduce_worker import PATHS
-    from hvdtrain.bench.network import gradient_bytes
+    from hvdtrain.bench.collectives import gradient_bytes
     result, out = _bench_network(tmp_path, "--allreduce-paths", "--hosts", "2", "--rate", "200mbit", "--hidden",
                                  "64", "--rounds", "1", "--cpu-quota", "0", timeout=300)
     data = json.loads((out / "paths.json").read_text())

@@ -14,7 +14,7 @@ def test_a_rank_in_a_one_core_quota_uses_one_thread_and_says_why(framework, tmp_
         pytest.skip("needs root to make a cgroup")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a machine of 2 cores or more: a 1-core quota must be fewer than the cores")
-    from hvdtrain.bench.network import CpuQuota
+    from hvdtrain.bench.cluster import CpuQuota
     from hvdtrain.config import ConfigError
     try:
         quota = CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, 1.0)

@@ -21,7 +21,7 @@ def test_reducescatter_parts_are_exact_when_one_host_sends_slower():
     why = why_no_netns()
     if why:
         pytest.skip(why)
-    from hvdtrain.bench.network import _launch, _run, shaped_cluster
+    from hvdtrain.bench.cluster import _launch, _run, shaped_cluster
     with shaped_cluster(2, "10gbit") as cluster:
         prefix, dev = list(cluster.links())[2]  # what host1 sends (host0's link first, then host1's)
         _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", "100mbit", "burst", "131072",

@@ -132,7 +132,7 @@ def test_project_refuses_bad_input_in_one_line(args, message, tmp_path):
 
 
 def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_path):
-    from hvdtrain.bench.network import predict, read_calibration
+    from hvdtrain.bench.prediction import predict, read_calibration
     cal = {"alpha": 1e-3, "beta": 8 / 200e6, "gamma": 1e-9}
     path = tmp_path / "collectives.json"
     path.write_text(json.dumps({"rate": "200mbit", "cpu_quota_cores": 0.4, "calibration": cal,
@@ -159,7 +159,7 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
 def test_a_network_run_under_a_quota_is_predicted_with_the_hosts_cpu_shared(tmp_path):
     """The calibration's CPU per allreduce (at 2-4 hosts) and the one worker's CPU per step bound the predicted step
     at 6 hosts of 0.25 cores; the links-only prediction is kept beside it, and the parameter server keeps the links."""
-    from hvdtrain.bench.network import predict, read_calibration
+    from hvdtrain.bench.prediction import predict, read_calibration
     cal = {"alpha": 1e-3, "beta": 8 / 200e6, "gamma": 1e-9}
     path = tmp_path / "collectives.json"
     cpu = {"2": {"allreduce": 0.06}, "3": {"allreduce": 0.09}, "4": {"allreduce": 0.11}}
@@ -236,7 +236,7 @@ def test_horovods_arms_are_predicted_from_the_allreduces_alone(monkeypatch):
     """Issue 45: the link fitted to every collective carried Gloo's reduce-scatter through Horovod, which on the
     shaped hosts took nearly an allreduce's time, into the allreduce's cost (43% off at 200 Mbit/s). Horovod's arms
     now use the allreduces' own fit, which recovers them exactly; the parameter server keeps every collective's."""
-    from hvdtrain.bench.network import allreduce_link, predict
+    from hvdtrain.bench.prediction import allreduce_link, predict
     ring = cm.Link(alpha=4e-3, beta=20e-9, gamma=0.0)
     timings = []
     for p in (2, 3, 4):
