@@ -13,7 +13,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
-from .cluster import Cluster, _launch
+from .cluster import Cluster, _launch, run_records
 from .ps import run_ps
 from .runner import free_port, run_worker
 
@@ -116,15 +116,8 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
                                    "--epochs", "2", "--warmup-epochs", "0", "--batch-size", str(batch_size),
                                    "--threads", "1", "--precision", "fp32", "--resume", "never", "--output-dir", out,
                                    *recipe_args, *extra])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
-        metrics = os.path.join(out, "metrics.jsonl")
-        if proc.returncode != 0 or not os.path.exists(metrics):
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            raise RuntimeError(f"bench: hvdtrain on {n} host(s) failed (exit {proc.returncode}): "
-                               + " | ".join(lines[-3:]))
-        with open(metrics) as f:
-            last = json.loads(f.readlines()[-1])
+        last = run_records(cmd, out, timeout, {"OMP_NUM_THREADS": "1", **(env or {})},
+                           f"hvdtrain on {n} host(s)")[-1]
         return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
                 "thread_cpu_per_step": last.get("thread_cpu_per_step", {}), "phase_seconds": last.get("phase_seconds")}
 

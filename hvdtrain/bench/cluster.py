@@ -4,13 +4,14 @@ hosts of ``scripts/netns_cluster.sh``, every link limited with ``tc tbf``, each 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
 from .costmodel import rate_bits
@@ -166,3 +167,16 @@ def _launch(cluster: Cluster, n: int, command: Sequence[str]) -> List[str]:
 
 START_TIMEOUT = 180
 """Seconds horovodrun may take to start the bench's ranks (its default, 30, is for hosts with whole cores)."""
+
+
+def run_records(cmd: Sequence[str], out: str, timeout: float, env: Dict[str, str], what: str) -> List[Dict]:
+    """Run a training launch (``cmd``, writing its records to ``out``) and return the records of its metrics.jsonl;
+    RuntimeError naming ``what`` with the last lines of its output when it failed."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                          env=dict(os.environ, **env))
+    metrics = os.path.join(out, "metrics.jsonl")
+    if proc.returncode != 0 or not os.path.exists(metrics):
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        raise RuntimeError(f"bench: {what} failed (exit {proc.returncode}): " + " | ".join(lines[-3:]))
+    with open(metrics) as f:
+        return [json.loads(line) for line in f if line.strip()]

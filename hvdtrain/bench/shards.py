@@ -29,7 +29,7 @@ from typing import Dict, List
 
 from ..config import ConfigError
 from .costmodel import rate_bits
-from .cluster import _launch, shaped_cluster
+from .cluster import _launch, run_records, shaped_cluster
 from .runner import check_sizes, compare, free_port, save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,15 +72,7 @@ def _train(cluster, hosts: int, data_dir: str, args, env: Dict[str, str], extra:
                                        "--batch-size", str(args.batch_size), "--epochs", "2", "--warmup-epochs", "0",
                                        "--decoder", "turbo", "--num-workers", "1", "--precision", "fp32",
                                        "--resume", "never", "--output-dir", out, *extra])
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, start_new_session=True,
-                              env=dict(os.environ, **env))
-        metrics = os.path.join(out, "metrics.jsonl")
-        if proc.returncode != 0 or not os.path.exists(metrics):
-            lines = (proc.stdout + proc.stderr).strip().splitlines()
-            raise RuntimeError(f"bench shards: training from {data_dir} failed (exit {proc.returncode}): "
-                               + " | ".join(lines[-3:]))
-        with open(metrics) as f:
-            first, second = [json.loads(line) for line in f if line.strip()][:2]
+        first, second = run_records(cmd, out, args.timeout, env, f"training from {data_dir}")[:2]
         return {"images_per_sec": float(second["images_per_sec"]), "epoch1_images_per_sec":
                 float(first["images_per_sec"]), "epoch1_data_seconds": first["phase_seconds"]["data"],
                 "epoch2_data_seconds": second["phase_seconds"]["data"],
