@@ -39,6 +39,7 @@ import numpy as np
 
 from .basics import ConfigError, is_url
 from .data import ShardSampler
+from .vision import AugmentedImages
 
 INDEX = "index.json"
 FORMAT = "webdataset"
@@ -435,7 +436,7 @@ class Prefetcher:
         self._stop.set()
 
 
-class ShardedImages:
+class ShardedImages(AugmentedImages):
     """One split (``train`` or ``val``) of a sharded image dataset at ``url`` (a directory or fsspec URL): a
     sample is ``transform(image, rng)`` and its label, the generator seeded by (seed, epoch, sample index) as in
     :mod:`hvdtrain.vision`. Works as the dataset of both backends' loaders and of a user's own Trainer::
@@ -470,17 +471,6 @@ class ShardedImages:
         state = dict(self.__dict__)
         state["_open"], state["prefetcher"] = {}, None
         return state
-
-    @property
-    def normalize_on_device(self):
-        return getattr(self.transform, "normalize_on_device", None)
-
-    @property
-    def collate(self):
-        return getattr(self.transform, "collate", None)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def locate(self, index: int) -> Tuple[int, int]:
         """(shard, sample within it) of a sample index."""
@@ -523,11 +513,7 @@ class ShardedImages:
 
     def __getitem__(self, index: int):
         data, label, name = self.read(index)
-        if self.transform is None:
-            from .vision import decode_image
-            return np.asarray(decode_image(data, name)), label
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        return self.transform(self.transform.load(data, name), rng), label
+        return self._finish(data, name, label, index)
 
     def training_sampler(self, rank: int, size: int, seed: int) -> "ShardStreamSampler":
         return ShardStreamSampler(self, rank, size, seed)

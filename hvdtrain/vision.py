@@ -255,7 +255,7 @@ def decode_image(data_or_path, name: str):
         raise RuntimeError(f"cannot decode image {name}: {type(e).__name__}: {e}") from None
 
 
-class _Augmented:
+class AugmentedImages:
     """Per-sample generators from (seed, epoch, index); ``set_epoch`` is called by the Trainer."""
 
     seed: int = 0
@@ -284,7 +284,7 @@ class _Augmented:
         return self.transform(self.transform.load(data, name), self._rng(index)), label
 
 
-class ImageFolder(_Augmented):
+class ImageFolder(AugmentedImages):
     """``root/CLASS/*.jpg``: classes are the sorted subdirectory names, samples sorted by path within a class."""
 
     def __init__(self, root: str, transform: Optional[Callable] = None, seed: int = 0):
@@ -374,7 +374,7 @@ def read_index(idx_path: str) -> List[Tuple[int, int]]:
     return out
 
 
-class RecordIODataset(_Augmented):
+class RecordIODataset(AugmentedImages):
     """Random access to an indexed RecordIO file (``.rec`` + ``.idx``), in the order of the records' keys.
 
     ``train`` and the transform's ``size`` / ``resize`` also tell the MXNet backend how to build its C++
