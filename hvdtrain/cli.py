@@ -262,8 +262,8 @@ def cmd_bench(argv: List[str]) -> int:
         return 1
 
 
-COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "list": cmd_list, "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report,
-            "data": cmd_data}
+COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "data": cmd_data, "list": cmd_list,
+            "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

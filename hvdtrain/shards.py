@@ -39,11 +39,12 @@ import numpy as np
 
 from .basics import ConfigError, is_url
 from .data import ShardSampler
-from .vision import AugmentedImages
+from .vision import EXTENSIONS, AugmentedImages
 
 INDEX = "index.json"
 FORMAT = "webdataset"
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm")
+IMAGE_EXTENSIONS = tuple(e.lstrip(".") for e in EXTENSIONS)
+"""The members that hold a sample's image: an ImageFolder's extensions (hvdtrain.vision.EXTENSIONS)."""
 DEAL = 0x5EED
 """A constant in the seeds of the dealing and of the within-shard order, apart from other uses of (seed, epoch)."""
 SHARD_BYTES = 256 << 20
@@ -181,15 +182,23 @@ def pack(src: str, dest: str, shard_bytes: int = SHARD_BYTES, seed: int = 0, spl
             writer.close()
             index["splits"][split] = {"samples": n, "shards": writer.shards, "num_classes": 1 + max(labels)}
         index["num_classes"] = max(s["num_classes"] for s in index["splits"].values())
-        body = json.dumps(index, indent=1).encode()
-        if remote:
-            with fs.open(posixpath.join(root, INDEX), "wb") as f:
-                f.write(body)
-        else:
-            with open(os.path.join(dest, INDEX + ".tmp"), "wb") as f:
-                f.write(body)
-            os.replace(os.path.join(dest, INDEX + ".tmp"), os.path.join(dest, INDEX))
+    write_index(dest, index)
     return index
+
+
+def write_index(dest: str, index: Dict[str, Any]) -> None:
+    """``index.json`` at ``dest``: one PUT at a URL (an object store's write is whole or absent), a renamed
+    temporary file in a directory."""
+    body = json.dumps(index, indent=1).encode()
+    if is_url(dest):
+        from .remote import filesystem
+        fs, root = filesystem(dest)
+        with fs.open(posixpath.join(root, INDEX), "wb") as f:
+            f.write(body)
+        return
+    with open(os.path.join(dest, INDEX + ".tmp"), "wb") as f:
+        f.write(body)
+    os.replace(os.path.join(dest, INDEX + ".tmp"), os.path.join(dest, INDEX))
 
 
 # --- reading a shard -------------------------------------------------------------------------------------------------
@@ -253,8 +262,6 @@ class ShardStore:
         else:
             self.cache = self.url
         self._fs, self._pid = None, None
-        self.fetched = 0  # shards this process downloaded
-        self.retried = 0
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -271,12 +278,13 @@ class ShardStore:
 
     def read_index(self) -> Dict[str, Any]:
         """``index.json``; ConfigError (one line) for a missing store, bucket, credentials, prefix or index."""
+        missing = ConfigError(f"--data-dir {self.url} has no {INDEX}: pack a dataset there with 'python -m hvdtrain "
+                              f"data pack SRC {self.url}', or index tar shards with 'python -m hvdtrain data index "
+                              f"{self.url}'")
         if not self.remote:
             path = os.path.join(self.url, INDEX)
             if not os.path.isfile(path):
-                raise ConfigError(f"--data-dir {self.url} has no {INDEX}: pack a dataset there with 'python -m "
-                                  f"hvdtrain data pack SRC {self.url}', or index tar shards with 'python -m "
-                                  f"hvdtrain data index {self.url}'")
+                raise missing
             with open(path) as f:
                 return check_index(json.load(f), self.url)
         from .remote import check, describe_error
@@ -286,9 +294,7 @@ class ShardStore:
             with fs.open(posixpath.join(self._root, INDEX), "rb") as f:
                 return check_index(json.loads(f.read()), self.url)
         except FileNotFoundError:
-            raise ConfigError(f"--data-dir {self.url} has no {INDEX}: pack a dataset there with 'python -m hvdtrain "
-                              f"data pack SRC {self.url}', or index tar shards with 'python -m hvdtrain data index "
-                              f"{self.url}'") from None
+            raise missing from None
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - the store's own error, in one line
@@ -332,7 +338,6 @@ class ShardStore:
                         print(f"hvdtrain: shard {name}: the store {self.url} failed ({type(e).__name__}); retrying "
                               f"with backoff for up to {self.timeout:g} s (--data-timeout)", file=sys.stderr,
                               flush=True)
-                    self.retried += 1
                     self._fs = None  # a fresh connection pool for the store when it is back
                     time.sleep(min(0.5 * 2 ** attempt, 8.0, max(deadline - time.monotonic(), 0.1)))
                     attempt += 1
@@ -343,7 +348,6 @@ class ShardStore:
                                  f"it is corrupt or was rewritten; pack it again, or reindex with 'python -m hvdtrain "
                                  f"data index {self.url}'")
             os.replace(tmp, path)
-            self.fetched += 1
             if attempt:
                 print(f"hvdtrain: shard {name}: fetched from {self.url} after {attempt} retries", file=sys.stderr,
                       flush=True)
@@ -374,6 +378,7 @@ class ShardStore:
             return 0
         held = self.cached()
         total, freed = sum(held.values()), 0
+
         def fetched_at(n: str) -> float:
             try:
                 return os.path.getmtime(os.path.join(self.cache, n))
@@ -404,7 +409,6 @@ class Prefetcher:
 
     def __init__(self, store: ShardStore, plan: List[Dict[str, Any]], marks: str, ahead: int = 2):
         self.store, self.plan, self.marks, self.ahead = store, plan, marks, ahead
-        self.error: Optional[BaseException] = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hvdtrain-prefetch", daemon=True)
         self.thread.start()
@@ -429,8 +433,8 @@ class Prefetcher:
                 self.store.evict(window, room=self.plan[fetched]["bytes"])
                 self.store.local(self.plan[fetched])
                 fetched += 1
-        except BaseException as e:  # noqa: BLE001 - a loader that needs the shard fetches it and raises itself
-            self.error = e
+        except BaseException:  # noqa: BLE001 - a loader that needs the shard fetches it and raises itself
+            pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -538,8 +542,8 @@ class ShardedImages(AugmentedImages):
 
 
 class ShardStreamSampler(ShardSampler):
-    """The training order of a :class:`ShardedImages`: shards dealt to ranks per (seed, epoch), each rank
-    reading its own (module docstring). ``offset`` positions of the epoch's order already consumed skip
+    """The training order of a :class:`ShardedImages`: shards dealt to ranks by the seed, each rank reading its
+    own every epoch (module docstring). ``offset`` positions of the epoch's order already consumed skip
     ``offset // size`` samples of every rank's stream: exact when the world size is the one that consumed them."""
 
     def __init__(self, dataset: ShardedImages, rank: int, size: int, seed: int = 0):
@@ -629,13 +633,7 @@ def index_shards(url: str, log: Callable[[str], None] = print) -> Dict[str, Any]
             if store.remote:
                 os.unlink(path)
     index["num_classes"] = top + 1
-    body = json.dumps(index, indent=1).encode()
-    if store.remote:
-        with fs.open(posixpath.join(root, INDEX), "wb") as f:
-            f.write(body)
-    else:
-        with open(os.path.join(url, INDEX), "wb") as f:
-            f.write(body)
+    write_index(url, index)
     return index
 
 

@@ -114,8 +114,6 @@ class ImageTransform:
         arr = arr.transpose(2, 0, 1) / 255.0
         return (arr - self.mean) / self.std
 
-DECODERS = ("pil", "turbo", "device")
-
 
 class TurboTransform(ImageTransform):
     """:class:`ImageTransform`'s augmentation, about 2.3x faster per core on ImageNet-sized JPEGs (docs/data-at-scale.md):

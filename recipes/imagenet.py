@@ -10,8 +10,8 @@ Data (``--data-format``, one flag for both frameworks):
   shards       DIR/index.json and WebDataset tar shards (python -m hvdtrain data pack builds them); DIR may be a URL
                (s3://bucket/prefix, any fsspec protocol), streamed into a per-host cache (docs/data-at-scale.md);
   auto         shards for a URL or a DIR with index.json, imagefolder when DIR/train/ exists, else recordio.
-Decoding (``--decoder``): pil (PIL, float arrays) or turbo (libjpeg-turbo and OpenCV, uint8 pixels normalized on the
-device: about 2.3x the images per core).
+Decoding (``--decoder``): pil (PIL, float arrays), turbo (libjpeg-turbo and OpenCV, uint8 pixels normalized on the
+device: about 2.2x the images per core), or device (PyTorch: decoded on the GPU by nvJPEG).
 Models: GluonCV's model zoo on MXNet; the same architectures written with torchvision's names on PyTorch.
 Schedule: lr 0.1 per 256 images of global batch, 5 warmup epochs, step decay at 30/60/80 (or --lr-mode cosine),
 momentum 0.9, weight decay 1e-4. A full run should reach GluonCV's published 77.67% top-1 for ResNet50_v1b.
