@@ -199,3 +199,25 @@ def test_the_device_decoder_draws_the_same_boxes_and_finishes_on_the_device(phot
             diff = np.abs(x[k].numpy() - want).mean() * 0.226 * 255
             assert diff < 8, (train, i, diff)
         assert y.dtype == torch.int64
+
+
+def test_data_index_indexes_shards_made_elsewhere_as_pack_did(shards, tmp_path):
+    """``data index``: tar shards without an index (as WebDataset's ShardWriter or tar leave them) get the index that
+    pack wrote for the same shards: samples, sizes, digests and the number of classes."""
+    import shutil
+    from hvdtrain.shards import index_shards
+    with open(os.path.join(shards, "index.json")) as f:
+        packed = json.load(f)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in os.listdir(shards):
+        if name.endswith(".tar"):
+            shutil.copy(os.path.join(shards, name), bare / name)
+    index = index_shards(str(bare), log=lambda line: None)
+    assert json.loads((bare / "index.json").read_text()) == index
+    assert index["num_classes"] == packed["num_classes"] == 2
+    for split in ("train", "val"):
+        assert index["splits"][split]["shards"] == packed["splits"][split]["shards"]
+        assert index["splits"][split]["samples"] == packed["splits"][split]["samples"]
+    ds = ShardedImages(ShardStore(str(bare)), "train", None)
+    assert len(ds) == 46
