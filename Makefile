@@ -48,7 +48,7 @@ deps: $(VENV)/.deps-stamp
 # The installed packages are kept once per set of requirements (scripts/venv_cache.sh): a fresh clone's install links
 # them in (seconds) instead of installing and compiling them again (about 100 s here); DEPS_KEY names that set.
 DEPS_ARGS := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(FRAMEWORK_SPECS) \
-	"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,vision,test,docs,track,remote$(if $(filter torch,$(FRAMEWORKS)),$(COMMA)onnx)]"
+	"cmake>=3.13,<4" wheel "setuptools>=61" -e ".[data,vision,test,docs,track,remote,ray$(if $(filter torch,$(FRAMEWORKS)),$(COMMA)onnx)]"
 DEPS_KEY = $$({ "$(PYTHON)" -VV; uname -m; echo '$(PIP_INSTALL) $(DEPS_ARGS)'; cat setup.cfg $(CONSTRAINTS) \
 	scripts/venv_cache.sh; "$(PYTHON)" -m pip config list 2>/dev/null; env | grep '^PIP_' | sort; } | sha256sum | cut -c1-32)
 

@@ -46,6 +46,8 @@ commands:
                                      the trained model in a framework's own format or ONNX, with model.json
   data pack SRC DEST | data index DEST
                                      an ImageFolder or RecordIO as tar shards at a directory or URL (s3://...)
+  ray --num-workers N [--address ADDR] ... recipe NAME [--option value ...]
+                                     train on a Ray cluster: a Ray actor per rank ('ray -h' lists the options)
   list                               the recipes installed
   doctor                             check the installation: versions, what Horovod was built with
   report OUTPUT_DIR [--png PATH]     a job's epochs, accuracy, img/s, step-time phases, stragglers (+ PNG)
@@ -253,6 +255,11 @@ def cmd_data(argv: List[str]) -> int:
     return data_main(argv)
 
 
+def cmd_ray(argv: List[str]) -> int:
+    from .raylaunch import main as ray_main
+    return ray_main(argv)
+
+
 def cmd_bench(argv: List[str]) -> int:
     from .bench import main as bench_main
     try:
@@ -263,7 +270,7 @@ def cmd_bench(argv: List[str]) -> int:
 
 
 COMMANDS = {"recipe": cmd_recipe, "eval": cmd_eval, "export": cmd_export, "data": cmd_data, "list": cmd_list,
-            "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report}
+            "doctor": cmd_doctor, "bench": cmd_bench, "report": cmd_report, "ray": cmd_ray}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

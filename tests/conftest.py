@@ -7,7 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-MACHINE_WIDE = {"test_multihost.py", "test_slurm.py", "test_cpu_quota.py"}
+MACHINE_WIDE = {"test_multihost.py", "test_slurm.py", "test_cpu_quota.py", "test_ray.py"}
 """Test files that change the machine itself (network namespaces and shaped links, cgroups, a Slurm cluster) and
 check it is left as they found it: under pytest-xdist (make test runs three workers) they run one after another in
 one worker, never beside each other. A test elsewhere that does so is marked ``@pytest.mark.machine`` (the shaped

@@ -1,0 +1,196 @@
+"""hvdtrain on a real Ray cluster: a Ray head on one namespace host and a Ray node on another (scripts/netns_cluster.sh),
+with Ray's token authentication as 'ray start' sets it up by default; the driver runs on the head's host, as a user's
+would. Records must equal the same job's under horovodrun; failures end the job naming the rank or the node."""
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from tests.e2e.conftest import read_metrics
+from tests.helpers import BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, kill_tree, run, why_no_netns
+
+pytest.importorskip("ray", reason="the ray extra (make install installs it)")
+
+CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
+TINY = "tests.tiny_recipe:TinyTrainer"
+RAY_PORT = 6390
+CPUS_PER_NODE = 2
+
+
+@dataclass
+class RayCluster:
+    dir: str
+    prefix: str
+    hosts: dict  # name -> address
+    token: str
+    temp: str  # Ray's --temp-dir per node under it: short, as its socket paths must be (AF_UNIX: 107 bytes)
+
+    @property
+    def address(self) -> str:
+        return f"{self.hosts['host0']}:{RAY_PORT}"
+
+    def env(self) -> dict:
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+
+    def on(self, host: str, *cmd) -> list:
+        return ["bash", CLUSTER, "run", self.dir, host, *cmd]
+
+    def start_node(self, host: str) -> None:
+        i = int(host[len("host"):])
+        where = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"] if i == 0
+                 else ["--address", self.address])
+        r = run(self.on(host, os.path.join(BIN, "ray"), "start", *where, "--node-ip-address", self.hosts[host],
+                        "--num-cpus", str(CPUS_PER_NODE), "--object-store-memory", str(100 * 2**20),
+                        "--disable-usage-stats", "--temp-dir", os.path.join(self.temp, host)),
+                timeout=120, **self.env())
+        assert r.returncode == 0, describe(r)
+
+    def ray(self, *args, timeout: float = 300):
+        """``python -m hvdtrain ray --address HEAD ARGS`` on host0, as a user on the head node runs it."""
+        return run(self.on("host0", PY, "-m", "hvdtrain", "ray", "--address", self.address, *args), timeout=timeout,
+                   **self.env())
+
+    def raylet_pids(self, host: str) -> list:
+        ns = f"{self.prefix}h{host[len('host'):]}"
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+        out = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[0].endswith(b"/raylet"):
+                        out.append(int(pid))
+            except OSError:
+                continue
+        return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state = str(tmp_path_factory.mktemp("raycluster"))
+    with cluster_up(CLUSTER, state, 2, why_no_netns()):
+        with open(os.path.join(state, "env")) as f:
+            prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
+        with open(os.path.join(state, "hosts")) as f:
+            hosts = dict(line.split() for line in f if line.strip())
+        temp = tempfile.mkdtemp(prefix="hvdtrain-ray-", dir="/tmp")
+        try:
+            c = RayCluster(state, prefix, hosts, secrets.token_hex(32), temp)
+            c.start_node("host0")
+            c.start_node("host1")
+            yield c
+        finally:
+            for host in hosts:
+                subprocess.run(c.on(host, os.path.join(BIN, "ray"), "stop", "--force"), capture_output=True,
+                               timeout=120)
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _hosts_of_ranks(out: str, size: int) -> list:
+    hosts = []
+    for rank in range(size):
+        with open(os.path.join(out, "heartbeats", f"rank-{rank}.json")) as f:
+            hosts.append(json.load(f)["addresses"])
+    return hosts
+
+
+MNIST = ("--epochs", "2", "--threads", "1", "--resume", "never")
+
+
+@pytest.mark.parametrize("framework,np,placement", [("torch", 4, "pack"), ("mxnet", 2, "spread")])
+def test_mnist_on_ray_across_hosts_equals_horovodrun(cluster, digits, tmp_path, framework, np, placement):
+    """MNIST on the Ray cluster (4 ranks packed two to a node; 2 ranks spread one to a node), every record equal to
+    the same job's under horovodrun on localhost; ranks numbered node by node from the driver's."""
+    job = ("recipe", "mnist", "--framework", framework, "--data-dir", digits, *MNIST)
+    ref = str(tmp_path / "horovodrun")
+    r = run(horovodrun(np, *hvdtrain(*job, "--output-dir", ref)), timeout=300)
+    assert r.returncode == 0, describe(r)
+    out = str(tmp_path / "ray")
+    r = cluster.ray("--num-workers", str(np), "--placement", placement, *job, "--output-dir", out)
+    assert r.returncode == 0, describe(r)
+    assert f"hvdtrain ray: {np} ranks on 2 node(s) ({cluster.hosts['host0']}, {cluster.hosts['host1']})" in r.stdout
+    assert "val_accuracy" in r.stdout and "repeated" not in r.stdout, describe(r)
+    got, want = read_metrics(out), read_metrics(ref)
+    assert [g["epoch"] for g in got] == [w["epoch"] for w in want] == [1, 2]
+    for g, w in zip(got, want):
+        assert g["world_size"] == np and g["framework"] == framework
+        assert g["val_accuracy"] == w["val_accuracy"], (g, w)
+        for key in ("train_loss", "val_loss", "lr"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5), (key, g, w)
+    per_node = np // 2
+    assert _hosts_of_ranks(out, np) == [[cluster.hosts["host0"]]] * per_node + [[cluster.hosts["host1"]]] * per_node
+
+
+def test_a_failing_rank_ends_the_job_naming_rank_node_and_error(cluster, tmp_path):
+    out = str(tmp_path / "out")
+    r = cluster.ray("--num-workers", "2", "--placement", "spread", "recipe", TINY, "--epochs", "3", "--threads", "1",
+                    "--fault", "raise", "--fault-rank", "1", "--fault-step", "3", "--output-dir", out, timeout=120)
+    assert r.returncode == 1, describe(r)
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hvdtrain: error: ray: rank 1 on Ray node {cluster.hosts['host1']} exited with status 1: ")
+    assert "ValueError: injected failure at batch 3" in last, describe(r)
+    assert os.path.exists(os.path.join(out, "errors", "rank-1.txt"))
+
+
+def test_what_cannot_start_is_one_line_before_anything_starts(cluster, tmp_path):
+    """Bad flags, a cluster that is not there, too few CPUs, a placement that does not exist, --elastic: exit 2 with
+    one line, and nothing placed on the cluster."""
+    cases = [
+        (("--num-workers", "2", "--placment", "pack", "recipe", TINY), "ray: unknown option '--placment'"),
+        (("recipe", TINY), "--num-workers N is required"),
+        (("--num-workers", "two", "recipe", TINY), "--num-workers 'two': expects an integer"),
+        (("--num-workers", "2", "--placement", "strict", "recipe", TINY), "--placement 'strict': choose from pack"),
+        (("--num-workers", "2", "recipe", TINY, "--epochz", "1"), "--epochz"),
+        (("--num-workers", "2", "recipe", TINY, "--elastic"), "--elastic is not supported on Ray yet"),
+        (("--num-workers", "5", "recipe", TINY), "the Ray cluster holds 4 such workers"),
+        (("--num-workers", "2", "--cpus-per-worker", "3", "recipe", TINY), "the Ray cluster holds 0 such workers"),
+        (("--num-workers", "1", "--gpus-per-worker", "1", "recipe", TINY), "the Ray cluster holds 0 such workers"),
+    ]
+    for args, says in cases:
+        r = cluster.ray(*args, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and says in lines[0], (args, describe(r))
+        assert "ranks on" not in r.stdout, (args, describe(r))
+    # a head that is not there: the address of a host without Ray
+    r = run(cluster.on("host0", PY, "-m", "hvdtrain", "ray", "--address", f"{cluster.hosts['host1']}:{RAY_PORT}",
+                       "--num-workers", "1", "recipe", TINY), timeout=60, **cluster.env())
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "cannot reach a Ray cluster there" in lines[0], describe(r)
+
+
+def test_a_lost_node_ends_the_job_naming_it(cluster, tmp_path):
+    """The raylet of host1 killed mid-run (the node lost, its rank with it), without --elastic: the job ends naming
+    the node, and the rank on host0 does not wait on its lost peer."""
+    out = str(tmp_path / "out")
+    cmd = cluster.on("host0", PY, "-m", "hvdtrain", "ray", "--address", cluster.address, "--num-workers", "2",
+                     "--placement", "spread", "recipe", TINY, "--epochs", "3", "--threads", "1", "--step-sleep", "0.5",
+                     "--output-dir", out)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**cluster.env()), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(out, "heartbeats", "rank-1.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(2)
+        raylets = cluster.raylet_pids("host1")
+        assert len(raylets) == 1, raylets
+        os.kill(raylets[0], signal.SIGKILL)
+        lost = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc)
+    ended = time.monotonic() - lost
+    assert proc.returncode == 1, (stdout, stderr)
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"hvdtrain: error: ray: rank 1 on Ray node {cluster.hosts['host1']} (node id "), stderr
+    assert "was lost" in last, last
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl")) or len(read_metrics(out)) < 3
+    print(f"the job ended {ended:.1f} s after the node was lost")
+    cluster.start_node("host1")  # back, for whatever runs after
