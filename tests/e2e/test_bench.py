@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from tests.helpers import PY, ROOT, describe, horovodrun, hvdtrain, run, why_no_netns
+from hvdtrain.threads import ROLES
 
 
 def test_scaling_benchmark_writes_json_and_png(tmp_path):
@@ -282,9 +283,11 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
         (sample,) = data["variants"][f"{arm} n=2"]["rounds"]
         assert len(sample["worker_cpu_per_step"]) == 2 and all(c > 0 for c in sample["worker_cpu_per_step"]), arm
         threads = sample["thread_cpu_per_step"]
-        # CPU time comes in clock ticks (10 ms): over 3 steps a tick is 3.3 ms per step, more than one rank's transport
-        # thread may take for this small model (seen at 0 on one rank of a loaded machine): the job's, not each rank's.
-        assert all(v > 0 for v in threads["main"]) and sum(threads["transport"]) > 0, (arm, threads)
+        # CPU time comes in clock ticks (10 ms): over 3 steps a tick is 3.3 ms per step, more than the communication
+        # threads of this small model may take in the whole job (CI saw Horovod's transport threads at 0 on both ranks
+        # of stock Horovod), so only the main thread's share is sure to be non-zero; every role is there per rank.
+        assert set(threads) == set(ROLES) and all(len(v) == 2 and min(v) >= 0 for v in threads.values()), (arm, threads)
+        assert all(v > 0 for v in threads["main"]), (arm, threads)
         if arm != "hvdtrain torch":  # the bare loops time their phases (hvdtrain's record has its own)
             phases = sample["phase_seconds_per_step"]
             assert set(phases) == {"forward", "backward", "step"} and all(len(v) == 2 for v in phases.values())
