@@ -6,5 +6,7 @@ from .basics import __version__
 from .callbacks import Callback
 from .config import ConfigError, TrainConfig
 from .data import ArrayDataset, ShardSampler
+from .raylaunch import RayJobFailed, run_on_ray
 from .trainer import Trainer
-__all__ = ["Trainer", "TrainConfig", "ConfigError", "Callback", "ArrayDataset", "ShardSampler", "__version__"]
+__all__ = ["Trainer", "TrainConfig", "ConfigError", "Callback", "ArrayDataset", "ShardSampler", "run_on_ray",
+           "RayJobFailed", "__version__"]

@@ -164,6 +164,49 @@ def test_what_cannot_start_is_one_line_before_anything_starts(cluster, tmp_path)
     assert r.returncode == 2 and len(lines) == 1 and "cannot reach a Ray cluster there" in lines[0], describe(r)
 
 
+DRIVER = """import sys
+from hvdtrain import run_on_ray
+from tests.tiny_recipe import TinyTrainer
+run_on_ray(TinyTrainer, sys.argv[3:], num_workers=2, address=sys.argv[1], placement=sys.argv[2])
+print("driver: done", flush=True)
+"""
+
+
+def test_the_python_api_trains_a_trainer_subclass_with_outputs_at_s3(cluster, tmp_path):
+    """run_on_ray(TrainerClass, args) from a user's driver script, the outputs at s3:// (an S3 server on host0; the
+    driver's AWS_* variables reach every rank), so that they outlive the cluster: records, config and checkpoints."""
+    pytest.importorskip("moto.server", reason="moto[server] (the test extra)")
+    import s3fs
+    addr, port = cluster.hosts["host0"], 9077
+    server = subprocess.Popen(cluster.on("host0", PY, "-m", "moto.server", "-H", addr, "-p", str(port)),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    creds = {"AWS_ACCESS_KEY_ID": "hvdtrain", "AWS_SECRET_ACCESS_KEY": "hvdtrain", "AWS_DEFAULT_REGION": "us-east-1",
+             "AWS_ENDPOINT_URL": f"http://{addr}:{port}"}
+    try:
+        fs = s3fs.S3FileSystem(key=creds["AWS_ACCESS_KEY_ID"], secret=creds["AWS_SECRET_ACCESS_KEY"],
+                               endpoint_url=creds["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs.mkdir("ray-runs")
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert server.poll() is None and time.monotonic() < deadline, "moto's S3 server did not start"
+                time.sleep(0.3)
+        script = tmp_path / "driver.py"
+        script.write_text(DRIVER)
+        url = "s3://ray-runs/tiny"
+        r = run(cluster.on("host0", PY, str(script), cluster.address, "spread", "--epochs", "2", "--threads", "1",
+                           "--output-dir", url), timeout=240, **cluster.env(), **creds)
+        assert r.returncode == 0 and "driver: done" in r.stdout, describe(r)
+        records = [json.loads(line) for line in fs.cat_file(url + "/metrics.jsonl").decode().splitlines() if line]
+        assert [rec["epoch"] for rec in records] == [1, 2] and records[-1]["world_size"] == 2, records
+        assert json.loads(fs.cat_file(url + "/config.json"))["epochs"] == 2
+        assert any(p.rsplit("/", 1)[-1].startswith("ckpt-") for p in fs.ls(url + "/checkpoints")), fs.ls(url)
+    finally:
+        kill_tree(server)
+
+
 def test_a_lost_node_ends_the_job_naming_it(cluster, tmp_path):
     """The raylet of host1 killed mid-run (the node lost, its rank with it), without --elastic: the job ends naming
     the node, and the rank on host0 does not wait on its lost peer."""

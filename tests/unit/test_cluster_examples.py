@@ -1,11 +1,14 @@
 """The cluster launch examples in scripts/cluster are files a user copies: they must parse and agree with the CLI."""
 import os
+import re
+import shlex
 import subprocess
 
 import pytest
 import yaml
 
 from hvdtrain.config import parse_overrides
+from hvdtrain.raylaunch import parse_args
 from recipes.imagenet import ImageNetTrainer
 
 CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts",
@@ -31,6 +34,51 @@ def test_mpijob_manifest():
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == job["spec"]["slotsPerWorker"]
     cfg = _recipe_flags(command)
     assert cfg.framework == "mxnet" and cfg.precision == "fp16"
+
+
+# What KubeRay's ray.io/v1 CRD requires (ray-operator/apis/ray/v1: the fields its Go types declare without omitempty),
+# beside Kubernetes' own: every container a name and an image.
+RAYJOB_REQUIRED = {"rayClusterSpec": ("headGroupSpec",), "headGroupSpec": ("rayStartParams", "template"),
+                   "workerGroupSpec": ("groupName", "minReplicas", "maxReplicas", "rayStartParams", "template")}
+
+
+def _containers(template):
+    containers = template["spec"]["containers"]
+    assert containers and all(c.get("name") and c.get("image") for c in containers), containers
+    return containers
+
+
+def test_rayjob_manifest():
+    """The KubeRay RayJob: the CRD's required fields, an entrypoint that hvdtrain ray and the recipe accept, ranks
+    that the worker pods can hold, and the Ray version make install pins."""
+    with open(os.path.join(CLUSTER, "rayjob_imagenet.yaml")) as f:
+        job = yaml.safe_load(f)
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob" and job["metadata"]["name"]
+    spec = job["spec"]
+    cluster = spec["rayClusterSpec"]
+    head, groups = cluster["headGroupSpec"], cluster["workerGroupSpecs"]
+    for key, part in [("rayClusterSpec", cluster), ("headGroupSpec", head)] + [("workerGroupSpec", g) for g in groups]:
+        assert all(field in part for field in RAYJOB_REQUIRED[key]), (key, part.keys())
+    _containers(head["template"])
+    _containers(spec["submitterPodTemplate"])
+    entry = shlex.split(spec["entrypoint"])
+    assert entry[:4] == ["python", "-m", "hvdtrain", "ray"], entry
+    ray_job, command = parse_args(entry[4:])
+    cfg = _recipe_flags(command)
+    assert cfg.data_dir.startswith("s3://") and cfg.output_dir.startswith("s3://"), "results must outlive the cluster"
+    # each pod holds whole ranks, the pods hold them all, and a pod's limits are what it tells Ray it has
+    held = 0
+    for g in groups:
+        assert g["minReplicas"] <= g["replicas"] <= g["maxReplicas"], g
+        cpus, gpus = float(g["rayStartParams"]["num-cpus"]), float(g["rayStartParams"]["num-gpus"])
+        held += g["replicas"] * int(min(cpus / ray_job.cpus_per_worker, gpus / ray_job.gpus_per_worker))
+        (worker,) = _containers(g["template"])
+        assert float(worker["resources"]["limits"]["cpu"]) == cpus
+        assert float(worker["resources"]["limits"]["nvidia.com/gpu"]) == gpus
+    assert held >= ray_job.num_workers and float(head["rayStartParams"]["num-cpus"]) == 0, "no rank on the head"
+    with open(os.path.join(os.path.dirname(os.path.dirname(CLUSTER)), "setup.cfg")) as f:
+        pinned = re.search(r"ray\[default\]==([\d.]+)", f.read()).group(1)
+    assert cluster["rayVersion"] == pinned
 
 
 def test_slurm_script():
