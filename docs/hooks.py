@@ -22,7 +22,7 @@ def _block(title: str, text: str) -> str:
 
 
 def cli_reference() -> str:
-    from hvdtrain import cli, registry, shards
+    from hvdtrain import cli, raylaunch, registry, shards
     from hvdtrain.bench import BENCHMARKS, main as bench_main
     from hvdtrain.config import help_text
     parts = [_block("python -m hvdtrain", cli.usage().rstrip())]
@@ -31,6 +31,7 @@ def cli_reference() -> str:
     parts.append(_block("eval", cli.EVAL_USAGE))
     parts.append(_block("export", cli.EXPORT_USAGE))
     parts.append(_block("data", shards.DATA_USAGE))
+    parts.append(_block("ray", raylaunch.USAGE))
     parts.append(_block("report", _captured(cli.cmd_report, ["--help"])))
     parts.append(_block("doctor", _captured(cli.cmd_doctor, ["--help"])))
     parts.append(_block("bench", _captured(bench_main, ["--help"])))

@@ -1,4 +1,4 @@
-"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|decode|shards|convergence|amp|compile|project``:
+"""``python -m hvdtrain bench scaling|overhead|ddp|ps|network|allreduce|input|decode|shards|ray|convergence|amp|compile|project``:
 measured side by side, and projected.
 
 One module per benchmark (its name), each with ``add_parser(sub)`` and ``run(args)``; :mod:`.runner` holds what they
@@ -23,7 +23,8 @@ the scaling efficiency of each; ``network``: the same over rate-limited links be
 (:mod:`hvdtrain.bench.allreduce_worker`) and ResNet-50's 161 gradients under several fusion thresholds and cycle times. ``input``: the recipe's loader alone
 against training on real and on synthetic data; ``decode``: each input path's decoded and augmented images per second
 per core (:mod:`hvdtrain.bench.decode`); ``shards``: the ImageNet recipe from tar shards at s3:// over rate-limited
-links against local shards and an ImageFolder (:mod:`hvdtrain.bench.shards`). Every comparison interleaves its variants within each round (A B C,
+links against local shards and an ImageFolder (:mod:`hvdtrain.bench.shards`); ``ray``: the same training under
+``hvdtrain ray`` on a Ray cluster and under horovodrun on the same hosts (:mod:`hvdtrain.bench.ray`). Every comparison interleaves its variants within each round (A B C,
 then C B A) and reports median, min and max per variant. ``compile``: the recipes with ``--compile`` against eager
 PyTorch (:mod:`hvdtrain.bench.compile`). ``project``: the step's cost model
 (:mod:`hvdtrain.bench.costmodel`) at host counts not measured here (docs/scaling.md).
@@ -34,8 +35,8 @@ import argparse
 import importlib
 from typing import List
 
-BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "decode", "shards", "convergence",
-              "amp", "compile", "project")
+BENCHMARKS = ("scaling", "overhead", "ddp", "ps", "network", "allreduce", "input", "decode", "shards", "ray",
+              "convergence", "amp", "compile", "project")
 """Module names under hvdtrain.bench, in the order ``bench -h`` lists them."""
 
 
