@@ -263,6 +263,32 @@ def test_shards_benchmark_trains_from_s3_over_shaped_links_beside_local_data(tmp
 
 
 @pytest.mark.machine
+def test_ray_benchmark_launches_the_same_training_under_ray_and_horovodrun(tmp_path):
+    """Issue 57, item 5, at its smallest: 2 namespace hosts, a Ray cluster on them, MNIST for 2 epochs under
+    hvdtrain ray and under horovodrun, the steady ratio and the time outside the epochs; nothing left behind (no
+    namespace, no link, no Ray process)."""
+    pytest.importorskip("ray", reason="the ray extra (make install installs it)")
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    before = _netns_and_links()
+    out = tmp_path / "bench"
+    result = run(hvdtrain("bench", "ray", "--hosts", "2", "--epochs", "2", "--rounds", "1", "--output-dir", str(out)),
+                 timeout=400)
+    assert result.returncode == 0, describe(result)
+    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    data = json.loads((out / "ray.json").read_text())
+    assert set(data["variants"]) == {"horovodrun", "ray"} and data["ray_cluster_start_seconds"] > 0
+    for arm in data["variants"].values():
+        (sample,) = arm["rounds"]
+        assert sample["images_per_sec"] > 0 and sample["wall_seconds"] > sample["outside_epochs_seconds"] > 0, arm
+    assert data["steady_ratio_min"] == data["steady_ratio_max"] == pytest.approx(data["steady_ray_over_horovodrun"])
+    assert "steady img/s, ray / horovodrun:" in result.stdout and _png(out / "ray.png")
+    left = subprocess.run(["pgrep", "-f", "ray/core/src/ray/raylet|gcs_server"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", "Ray processes left behind"
+
+
+@pytest.mark.machine
 def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp_path):
     """--frameworks torch,ddp,horovod-torch on 2 shaped hosts: hvdtrain on PyTorch, DDP under torchrun on every host
     (default and 1 MB buckets) and Horovod's own PyTorch loop, each against its own one-host run, each worker's CPU by
