@@ -39,6 +39,13 @@ class Outputs:
         """Where the run's outputs are for a user: the URL, else the directory."""
         return self.url or self.directory
 
+    def check_urls(self, cfg) -> None:
+        """Before Horovod starts: every URL the run reads or writes (--output-dir, --init-from, --resume) answers,
+        with credentials, and what it reads exists (:func:`hvdtrain.remote.check`); one-line errors otherwise."""
+        for what, url in (("--output-dir", self.url), ("--init-from", cfg.init_from), ("--resume", cfg.resume)):
+            if is_url(url):
+                remote.check(url, what, exists=what != "--output-dir")
+
     def take(self, backend, collective: bool) -> None:
         """Make the directory (and the URL's lease) this job's, or stop every rank with a ConfigError naming the
         holder (:func:`hvdtrain.guard.take_output_dir`); ``collective``: every rank learns rank 0's verdict."""

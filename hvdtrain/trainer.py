@@ -27,22 +27,17 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import checkpoint, guard, metrics as metric_objects, model_io, remote, schedule
-from .backends import make_backend
-from .backends.base import Task
-from .callbacks import Callback, MetricsFile, ProgressLogger, TensorBoard
-from .checkpoint_policy import Checkpointer, Position
+from . import checkpoint, metrics as metric_objects, model_io, schedule, wiring
+from .callbacks import Callback
+from .checkpoint_policy import Position
 from .config import ConfigError, TrainConfig
-from .data import ShardSampler, Synthetic, split_batch, steps_per_epoch
-from .evaluation import Evaluator
-from .faults import RankReporter, failure_to_raise
-from .health import Health
+from .data import split_batch, steps_per_epoch
+from .faults import failure_to_raise
 from .monitor import Monitor
 from .outputs import Outputs
 from .phases import epoch_timing
 from .report import announce, autotune_best, format_autotune
 from .threads import ThreadCpu
-from .timeline import TimelineWindow
 
 
 class Trainer:
@@ -147,7 +142,7 @@ class Trainer:
                 raise failure from e
             raise
         finally:
-            self.outputs.finish()  # the last push (of a failed run too), and the URL is free at once
+            self.outputs.finish()  # the outputs delivered (of a failed run too), and their place free at once
             if self.reporter is not None:
                 self.reporter.stop()
             self.outputs.unlock()
@@ -166,66 +161,8 @@ class Trainer:
 
     def setup(self, restore: bool = True) -> None:
         """Start Horovod, build data and model, broadcast rank 0's state, and resume from a checkpoint if any (with
-        ``restore``), else start from --init-from's weights if given."""
-        cfg = self.cfg
-        self.check()
-        for what, url in (("--output-dir", self.output_url), ("--init-from", cfg.init_from), ("--resume", cfg.resume)):
-            if remote.is_url(url):  # the store answers, with credentials, and the bucket exists: before Horovod
-                remote.check(url, what, exists=what != "--output-dir")
-        backend = self.backend = make_backend(cfg.framework)
-        backend.init(cfg)
-        backend.check_horovod_fixes(cfg)  # a Horovod without hvdtrain's fixes: refused or warned, before any output
-        # From here on the configuration says the precision the run computes in (--precision auto resolved).
-        self.precision_requested = cfg.precision
-        self.cfg = cfg = dataclasses.replace(cfg, precision=backend.precision)
-        # Before anything is written: a world the launcher did not start, or an output directory a live job holds.
-        if not cfg.elastic:  # elastic worlds change size by design
-            guard.check_world_size(backend.size, backend.mpi_built())
-        self.outputs.take(backend, collective=not cfg.elastic)
-        self.reporter = RankReporter(cfg.output_dir, backend.rank)
-        if backend.rank == 0:  # SIGUSR1 / a stall (half of --stall-timeout): a table of every rank's progress
-            self.reporter.watch(stall_after=max(1, cfg.stall_timeout // 2))
-            self.reporter.forget_ranks_from(backend.size)
-        self.reporter.start()
-        self.checkpointer = Checkpointer(cfg, backend, self.name, self.reporter)
-        self.checkpointer.output_url = self.output_url
-        self.checkpointer.written = self.outputs.push
-        self.health = Health(backend, cfg.max_bad_steps, self.checkpointer.directory, cfg)
-        # Per-phase step times: the backend marks its phases on its timer, which tells the heartbeat too.
-        self.phases = backend.phases.configure(cfg.profile_steps, self.reporter.enter)
-        self.timeline = TimelineWindow(cfg, backend)
-        backend.seed(cfg.seed)  # the same initial weights everywhere, before rank 0's are broadcast anyway
-        self.train_set, self.val_set = self.datasets_for(backend.name, backend.size)
-        backend.check_data(self.train_set, cfg)
-        own_order = getattr(self.train_set, "training_sampler", None)  # a dataset that orders itself (shards)
-        self.train_sampler = (own_order(backend.rank, backend.size, cfg.seed) if own_order else
-                              ShardSampler(len(self.train_set), backend.rank, backend.size, seed=cfg.seed))
-        self.val_sampler = (ShardSampler(len(self.val_set), backend.rank, backend.size, shuffle=False, pad=False)
-                            if self.val_set is not None else None)
-        self.evaluator = Evaluator(backend, self.val_set, self.val_sampler, self.metrics(),
-                                   cfg.eval_batch_size or 2 * cfg.batch_size, cfg.num_workers,
-                                   default_metrics=type(self).metrics is Trainer.metrics)
-        loss = getattr(self, f"loss_{backend.name}", None)
-        task = Task(split=self.split_batch, step=getattr(self, f"step_{backend.name}", None))
-        if cfg.compile and not cfg.compile_blocks:
-            cfg = dataclasses.replace(cfg, compile_blocks=",".join(self.compile_blocks()))
-        backend.setup(self.framework_hook("build", backend.name)(), cfg, loss_fn=loss() if loss else None,
-                      sample_shape=self._sample_shape(self.train_set), task=task)
-        self.evaluator.fit_defaults()  # default metrics fit the target (read from the data: no forward yet)
-        self.monitor = self.checkpointer.monitor = (Monitor(cfg.monitor, cfg.early_stop, self.evaluator.goals())
-                                                    if cfg.monitor else None)
-        self._plan()
-        if self.steps == 0:
-            raise ConfigError(f"each of the {backend.size} ranks gets {len(self.train_sampler)} training samples, "
-                              f"fewer than --batch-size x --accumulate = {cfg.batch_size * cfg.accumulate}; "
-                              f"lower --batch-size or run fewer ranks")
-        self.position = self.checkpointer.restore() if restore else Position()
-        if cfg.init_from and self.position == Position():
-            self.checkpointer.init_from(evaluating=not restore)
-        # One validation batch through the model, the loss and the metrics before any training: a metric that cannot
-        # read the model's outputs is a one-line error now, not after the first epoch. After the state's broadcast:
-        # MXNet's oneDNN forward leaves weights in a layout Horovod's broadcast cannot read.
-        self.evaluator.check()
+        ``restore``), else start from --init-from's weights if given (:func:`hvdtrain.wiring.setup`)."""
+        wiring.setup(self, restore, default_metrics=type(self).metrics is Trainer.metrics)
 
     @property
     def output_url(self) -> str:
@@ -246,12 +183,12 @@ class Trainer:
     def train(self) -> Optional[Dict[str, Any]]:
         """The epochs after :meth:`setup`: steps, per-rank-averaged metrics, evaluation, checkpoints, callbacks."""
         cfg, is_root = self.cfg, self.backend.rank == 0
-        self.callbacks = self._callbacks() if is_root else []
+        self.callbacks = wiring.callbacks(self) if is_root else []
         if is_root:
             announce(self, self.steps)
         for cb in self.callbacks:
             cb.on_train_start(self, self.position.epoch)
-        self.outputs.push()  # config.json at the URL from the start
+        self.outputs.push()  # what is written so far (config.json) reaches where the outputs go
         if is_root and self.position.epoch >= cfg.epochs:
             print(f"hvdtrain: the checkpoint already covers all {cfg.epochs} epochs; nothing to train "
                   f"(raise --epochs, or pass --resume never to start over)", flush=True)
@@ -439,24 +376,7 @@ class Trainer:
 
     def datasets_for(self, framework: str, world_size: int = 1):
         """(train, val) for ``framework``: --synthetic data, the recipe's datasets_FRAMEWORK, or its datasets."""
-        if self.cfg.synthetic:
-            if not self.input_shape or not self.num_classes:
-                raise ConfigError(f"recipe {self.name} does not support --synthetic (no input_shape/num_classes)")
-            # 64 steps per epoch, or --max-steps in one epoch: a benchmark's steps are all in one timed epoch.
-            steps = max(64, self.cfg.max_steps)
-            n = self.cfg.batch_size * self.cfg.accumulate * world_size * steps
-            return Synthetic(n, self.input_shape, self.num_classes), None
-        hook = getattr(self, f"datasets_{framework}", None) or self.datasets
-        return hook()
-    def _sample_shape(self, dataset) -> Tuple[Any, ...]:
-        """Shape of one input sample, or one sample's inputs when there are several or they are not floating
-        point (frameworks with deferred initialisation need them before the broadcast)."""
-        if isinstance(dataset, Synthetic):
-            return dataset.shape
-        inputs, _ = self.split_batch(dataset[0])
-        if len(inputs) == 1 and "float" in str(getattr(inputs[0], "dtype", "float")):
-            return tuple(getattr(inputs[0], "shape", ()))
-        return tuple(a.asnumpy() if hasattr(a, "asnumpy") else np.asarray(a) for a in inputs)
+        return wiring.datasets_for(self, framework, world_size)
 
     def _next_micro_batches(self, batches) -> list:
         try:
@@ -472,11 +392,3 @@ class Trainer:
         """A seed per (seed, epoch, position in the epoch, rank): a resume at any step replays the same numbers."""
         mixed = np.random.SeedSequence([self.cfg.seed, epoch, position, self.backend.rank]).generate_state(1)[0]
         return int(mixed) % (2 ** 31 - 1)
-
-    def _callbacks(self) -> List[Callback]:
-        out = self.cfg.output_dir
-        os.makedirs(out, exist_ok=True)
-        tracking = ([self.outputs.tracker(self.cfg, self.name, self.backend, self.checkpointer)]
-                    if self.cfg.track == "mlflow" else [])
-        return [ProgressLogger(), MetricsFile(os.path.join(out, "metrics.jsonl")),
-                TensorBoard(os.path.join(out, "tensorboard"))] + tracking + self.extra_callbacks
