@@ -163,7 +163,7 @@ bench: install $(BENCH_PHOTOS)/train.rec
 
 # Decoded and augmented images per second per core at 224 px, for each input path of the ImageNet recipe, on 1,000
 # ImageNet-like JPEGs (about 476x419 px, 106 KB) and their RecordIO (about 3 minutes): runs/bench/decode/,
-# docs/benchmarks.md section 6b.
+# docs/bench/input.md.
 DECODE_PHOTOS := runs/bench/imagenet-like
 $(DECODE_PHOTOS)/train.rec: | install
 	$(PY) scripts/make_photo_folder.py $(DECODE_PHOTOS) --imagenet-like --train-per-class 500 --val-per-class 25
@@ -173,7 +173,7 @@ bench-decode: install $(DECODE_PHOTOS)/train.rec
 
 # Horovod's loop, hvdtrain (plain and --shard-optimizer) and MXNet's parameter server (1 server, a server per host)
 # over rate-limited links between 2, 3 and 4 namespace hosts with a CPU quota each (root): runs/bench/network/
-# network.json and network.png; docs/benchmarks.md section 4b.
+# network.json and network.png; docs/bench/network.md.
 bench-network: install
 	$(PY) -m hvdtrain bench network --output-dir runs/bench/network
 

@@ -502,8 +502,8 @@ class MXNetBackend(Backend):
     def decode_threads(self, num_workers: int) -> int:
         """ImageRecordIter's decode threads: ``--num-workers`` when given; on a GPU the rank's CPU threads (none of
         them computes); on the CPU one, because every core of the rank already computes and a second decode thread
-        only takes time from it (one thread decodes small images far faster than a CPU trains on them: docs/
-        benchmarks.md, "Input pipeline")."""
+        only takes time from it (one thread decodes small images far faster than a CPU trains on them:
+        docs/bench/input.md)."""
         if num_workers > 0:
             return num_workers
         return self.threads if self.on_gpu else 1

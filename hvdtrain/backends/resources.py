@@ -216,7 +216,7 @@ def horovod_environment(cfg) -> None:
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", timeout)
     # hvdtrain's Horovod (scripts/patch_horovod.py, fix 3): an idle background thread waits for a tensor instead of
     # negotiating every cycle, then lets one cycle time pass so that the other ranks' tensors are queued too
-    # (docs/benchmarks.md, "Horovod against DDP": it ties with negotiating at once, 2).
+    # (docs/bench/ddp.md: it ties with negotiating at once, 2).
     os.environ.setdefault("HOROVOD_IDLE_WAIT", "1")
     os.environ.setdefault("HOROVOD_SPIN_WAIT", spin_wait())
     if cfg.timeline_window() is not None:  # hvd.start_timeline() refuses to run without it
@@ -232,7 +232,7 @@ def spin_wait(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT, r
     ``HOROVOD_SPIN_WAIT``: "0" (block until the op completes) under a cgroup CPU quota of less than a core per rank
     on the host (``ranks``; 0: as the launcher declared them), where every cycle the waiting thread spins is taken
     from the quota Horovod's own thread needs to move the bytes (an allreduce 1.6x slower at 0.4 cores per host; the
-    whole step 2x slower at 0.25, docs/benchmarks.md); "1" (0.28.1's spinning wait) where each rank has a core of its
+    whole step 2x slower at 0.25, docs/bench/network.md); "1" (0.28.1's spinning wait) where each rank has a core of its
     own, quota or not, as measured faster there (2 ranks on 2 cores: 1,861 against 1,591 img/s, the wake-up of a
     blocked thread costing more than the spin). Ranks in separate containers on one host each count against their
     own quota alone, which this cannot tell apart before Horovod starts: they are taken to share it (the blocking
