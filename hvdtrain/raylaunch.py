@@ -260,9 +260,10 @@ def _check_resources(ray, job: RayJob) -> None:
 
 def assign_ranks(places: List[Dict], first_ip: str = "") -> List[Dict]:
     """Ranks by node, as horovodrun gives them by host: the node at ``first_ip`` (the driver's) first, then the
-    others in the order their first worker was placed, the workers of one node consecutive. One dict per worker (in ``places`` order): rank, local_rank, local_size,
-    cross_rank, cross_size, hostname (the node's address) and CUDA_VISIBLE_DEVICES (the node's workers' GPUs in local
-    rank order, so that local rank r's GPU is device r, as Horovod's pinning by local rank expects)."""
+    others in the order their first worker was placed, the workers of one node consecutive. One dict per worker (in
+    ``places`` order): rank, local_rank, local_size, cross_rank, cross_size, hostname (the node's address) and gpus
+    (for CUDA_VISIBLE_DEVICES: the node's workers' GPUs in local rank order, so that local rank r's GPU is device r, as
+    Horovod's pinning by local rank expects)."""
     nodes: Dict[str, List[int]] = {}
     for i, p in sorted(enumerate(places), key=lambda e: (e[1]["ip"] != first_ip, e[0])):
         nodes.setdefault(p["node_id"], []).append(i)

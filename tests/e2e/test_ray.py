@@ -1,6 +1,6 @@
-"""hvdtrain on a real Ray cluster: a Ray head on one namespace host and a Ray node on another (scripts/netns_cluster.sh),
-with Ray's token authentication as 'ray start' sets it up by default; the driver runs on the head's host, as a user's
-would. Records must equal the same job's under horovodrun; failures end the job naming the rank or the node."""
+"""hvdtrain on a real Ray cluster: a Ray head on one namespace host and a Ray node on another
+(scripts/netns_cluster.sh), with Ray's token authentication as 'ray start' sets it up by default; the driver runs on
+the head's host, as a user's would. Records must equal the same job's under horovodrun; failures end the job naming the rank or the node."""
 import json
 import os
 import secrets
@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import read_metrics
+from hvdtrain.bench.ray import PORT, ray_env, ray_start
 from tests.helpers import BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, kill_tree, run, why_no_netns
 
 pytest.importorskip("ray", reason="the ray extra (make install installs it)")
 
 CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
 TINY = "tests.tiny_recipe:TinyTrainer"
-RAY_PORT = 6390
+RAY_PORT = PORT
 CPUS_PER_NODE = 2
 
 
@@ -37,19 +38,16 @@ class RayCluster:
         return f"{self.hosts['host0']}:{RAY_PORT}"
 
     def env(self) -> dict:
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+        return ray_env(self.token)
 
     def on(self, host: str, *cmd) -> list:
         return ["bash", CLUSTER, "run", self.dir, host, *cmd]
 
     def start_node(self, host: str) -> None:
+        """``ray start`` on ``host``: the head on host0, a node joining it elsewhere (as ``bench ray`` starts them)."""
         i = int(host[len("host"):])
-        where = (["--head", "--port", str(RAY_PORT), "--include-dashboard", "false"] if i == 0
-                 else ["--address", self.address])
-        r = run(self.on(host, os.path.join(BIN, "ray"), "start", *where, "--node-ip-address", self.hosts[host],
-                        "--num-cpus", str(CPUS_PER_NODE), "--object-store-memory", str(100 * 2**20),
-                        "--disable-usage-stats", "--temp-dir", os.path.join(self.temp, host)),
-                timeout=120, **self.env())
+        r = run(self.on(host, *ray_start(i, self.address, self.hosts[host], CPUS_PER_NODE, self.temp)), timeout=120,
+                **self.env())
         assert r.returncode == 0, describe(r)
 
     def ray(self, *args, timeout: float = 300):
