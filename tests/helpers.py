@@ -171,6 +171,14 @@ def cluster_up(script: str, state: str, hosts: int, why_not: str = ""):
         assert down.returncode == 0, down.stdout + down.stderr
 
 
+def cluster_state(state: str):
+    """What ``netns_cluster.sh up STATE`` made: the namespaces' prefix, and the hosts' names -> addresses."""
+    with open(os.path.join(state, "env")) as f:
+        prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
+    with open(os.path.join(state, "hosts")) as f:
+        return prefix, dict(line.split() for line in f if line.strip())
+
+
 def hvdtrain_processes(namespace: str, also: tuple = ()) -> dict:
     """The hvdtrain processes running in network namespace ``namespace`` (and those whose command line holds one of
     ``also``): pid -> command line."""

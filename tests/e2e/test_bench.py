@@ -166,18 +166,22 @@ def _netns_and_links() -> tuple:
     return sorted(netns.split()), sorted(line.split(":")[1].strip() for line in links.splitlines())
 
 
-def _bench_network(tmp_path, *args: str, timeout: float):
-    """``bench network ARGS`` into tmp_path/bench (skipped where namespaces cannot be made): it succeeds and leaves
-    no namespace or link behind. Returns its result and its output directory."""
+def _bench_on_hosts(tmp_path, name: str, *args: str, timeout: float):
+    """``bench NAME ARGS`` on namespace hosts, into tmp_path/bench (skipped where namespaces cannot be made): it
+    succeeds and leaves no namespace or link behind. Returns its result and its output directory."""
     why = why_no_netns()
     if why:
         pytest.skip(why)
     before = _netns_and_links()
     out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "network", *args, "--output-dir", str(out)), timeout=timeout)
+    result = run(hvdtrain("bench", name, *args, "--output-dir", str(out)), timeout=timeout)
     assert result.returncode == 0, describe(result)
     assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
     return result, out
+
+
+def _bench_network(tmp_path, *args: str, timeout: float):
+    return _bench_on_hosts(tmp_path, "network", *args, timeout=timeout)
 
 
 @pytest.mark.machine
@@ -244,16 +248,9 @@ def test_shards_benchmark_trains_from_s3_over_shaped_links_beside_local_data(tmp
     from local shards and from the shards at s3:// (moto in the root namespace, reached through the bridge), the
     warm S3 epoch against local shards and the cold one beside the link's limit; nothing left behind."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed (make install installs the 'test' extra)")
-    why = why_no_netns()
-    if why:
-        pytest.skip(why)
-    before = _netns_and_links()
-    out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "shards", "--hosts", "2", "--rate", "200mbit", "--rounds", "1", "--per-class",
-                          "16", "--shard-mb", "0.5", "--image-size", "32", "--batch-size", "4", "--output-dir",
-                          str(out)), timeout=400)
-    assert result.returncode == 0, describe(result)
-    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    result, out = _bench_on_hosts(tmp_path, "shards", "--hosts", "2", "--rate", "200mbit", "--rounds", "1",
+                                  "--per-class", "16", "--shard-mb", "0.5", "--image-size", "32", "--batch-size", "4",
+                                  timeout=400)
     data = json.loads((out / "shards.json").read_text())
     assert set(data["variants"]) == {"imagefolder", "shards local", "shards s3"}
     assert all(v["images_per_sec"] > 0 for v in data["variants"].values()), data["variants"]
@@ -268,15 +265,7 @@ def test_ray_benchmark_launches_the_same_training_under_ray_and_horovodrun(tmp_p
     hvdtrain ray and under horovodrun, the steady ratio and the time outside the epochs; nothing left behind (no
     namespace, no link, no Ray process)."""
     pytest.importorskip("ray", reason="the ray extra (make install installs it)")
-    why = why_no_netns()
-    if why:
-        pytest.skip(why)
-    before = _netns_and_links()
-    out = tmp_path / "bench"
-    result = run(hvdtrain("bench", "ray", "--hosts", "2", "--epochs", "2", "--rounds", "1", "--output-dir", str(out)),
-                 timeout=400)
-    assert result.returncode == 0, describe(result)
-    assert _netns_and_links() == before, "the benchmark left namespaces or links behind"
+    result, out = _bench_on_hosts(tmp_path, "ray", "--hosts", "2", "--epochs", "2", "--rounds", "1", timeout=400)
     data = json.loads((out / "ray.json").read_text())
     assert set(data["variants"]) == {"horovodrun", "ray"} and data["ray_cluster_start_seconds"] > 0
     for arm in data["variants"].values():

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from tests.e2e.conftest import read_metrics
-from tests.helpers import (BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, hvdtrain_processes,
-                           kill_tree, run, why_no_netns)
+from tests.helpers import (BIN, PY, ROOT, cluster_state, cluster_up, describe, env, horovodrun, hvdtrain,
+                           hvdtrain_processes, kill_tree, run, why_no_netns)
 
 CLUSTER = os.path.join(ROOT, "scripts", "netns_cluster.sh")
 TINY = "tests.tiny_recipe:TinyTrainer"
@@ -57,11 +57,7 @@ class Cluster:
 def cluster(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("cluster"))
     with cluster_up(CLUSTER, state, 2, why_no_netns()):
-        with open(os.path.join(state, "env")) as f:
-            prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
-        with open(os.path.join(state, "hosts")) as f:
-            hosts = dict(line.split() for line in f if line.strip())
-        yield Cluster(state, prefix, hosts)
+        yield Cluster(state, *cluster_state(state))
 
 
 _references = {}

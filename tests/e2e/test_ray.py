@@ -1,6 +1,7 @@
 """hvdtrain on a real Ray cluster: a Ray head on one namespace host and a Ray node on another
 (scripts/netns_cluster.sh), with Ray's token authentication as 'ray start' sets it up by default; the driver runs on
-the head's host, as a user's would. Records must equal the same job's under horovodrun; failures end the job naming the rank or the node."""
+the head's host, as a user's would. Records must equal the same job's under horovodrun; failures end the job naming
+the rank or the node."""
 import json
 import os
 import secrets
@@ -15,7 +16,8 @@ import pytest
 
 from tests.e2e.conftest import read_metrics
 from hvdtrain.bench.ray import PORT, ray_env, ray_start
-from tests.helpers import BIN, PY, ROOT, cluster_up, describe, env, horovodrun, hvdtrain, kill_tree, run, why_no_netns
+from tests.helpers import (BIN, PY, ROOT, cluster_state, cluster_up, describe, env, horovodrun, hvdtrain, kill_tree,
+                           run, why_no_netns)
 
 pytest.importorskip("ray", reason="the ray extra (make install installs it)")
 
@@ -73,10 +75,7 @@ class RayCluster:
 def cluster(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("raycluster"))
     with cluster_up(CLUSTER, state, 2, why_no_netns()):
-        with open(os.path.join(state, "env")) as f:
-            prefix = dict(line.strip().split("=", 1) for line in f if "=" in line)["NETNS_PREFIX"]
-        with open(os.path.join(state, "hosts")) as f:
-            hosts = dict(line.split() for line in f if line.strip())
+        prefix, hosts = cluster_state(state)
         temp = tempfile.mkdtemp(prefix="hvdtrain-ray-", dir="/tmp")
         try:
             c = RayCluster(state, prefix, hosts, secrets.token_hex(32), temp)
