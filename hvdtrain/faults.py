@@ -84,11 +84,10 @@ class RankReporter:
     """
 
     def __init__(self, output_dir: str, rank: int, interval: float = 1.0):
-        self.rank, self.interval = rank, interval
+        self.interval = interval
         self.error_dir = os.path.join(output_dir, "errors")
         self.beat_dir = os.path.join(output_dir, "heartbeats")
-        self.error_path = os.path.join(self.error_dir, f"rank-{rank}.txt")
-        self.beat_path = os.path.join(self.beat_dir, f"rank-{rank}.json")
+        self.rank = rank
         self.step, self.phase = 0, "setup"
         self.since = time.monotonic()  # when the phase was entered
         self.output_dir = output_dir
@@ -114,6 +113,17 @@ class RankReporter:
         for path in (self.error_path, self.beat_path):  # a new run: no stale reports of this rank
             if os.path.exists(path):
                 os.unlink(path)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @rank.setter
+    def rank(self, value: int) -> None:
+        """An elastic reset renumbers the ranks: this rank's error file and heartbeat follow its new number."""
+        self._rank = value
+        self.error_path = os.path.join(self.error_dir, f"rank-{value}.txt")
+        self.beat_path = os.path.join(self.beat_dir, f"rank-{value}.json")
 
     def progress(self, step: int, phase: str) -> None:
         self.step, self.phase, self.since = step, phase, time.monotonic()
