@@ -337,6 +337,10 @@ class Trainer:
             self.val_sampler.rank, self.val_sampler.size = b.rank, b.size
         self.reporter.rank = b.rank
         self._plan()
+        if b.rank == 0 and not self.callbacks:  # rank 0 was lost (Horovod numbers hosts in no set order): this
+            self.callbacks = wiring.callbacks(self)  # rank writes the records from the commit on, as rank 0 did
+            for cb in self.callbacks:
+                cb.on_train_start(self, self.position.epoch)
 
     def evaluation(self) -> Tuple[Dict[str, Optional[float]], int]:
         """The recipe's loss and :meth:`metrics` on the validation set, and the samples they cover
