@@ -26,8 +26,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from .config import ConfigError
 
 USAGE = """usage: python -m hvdtrain ray [--address ADDR] --num-workers N [--cpus-per-worker C] [--gpus-per-worker G]
-                           [--placement pack|spread] [--start-timeout S] [--env NAME[=VALUE] ...]
-                           recipe NAME [--option value ...]
+                           [--placement pack|spread] [--min-workers MIN] [--max-workers MAX] [--start-timeout S]
+                           [--env NAME[=VALUE] ...] recipe NAME [--option value ...]
 
 Train a recipe on a Ray cluster: N ranks, each a Ray actor holding C CPUs (default 1) and G GPUs (default 0), placed
 together by one placement group (pack: as few nodes as fit, the default; spread: over as many nodes as there are).
@@ -35,7 +35,10 @@ ADDR is the cluster's GCS address (HOST:6379), 'auto' (RAY_ADDRESS, or the clust
 or 'local' (a Ray started for this job on this machine). Each rank runs 'python -m hvdtrain recipe NAME ...' in the
 driver's working directory with Horovod over Gloo, as under horovodrun; it receives the driver's PYTHONPATH and its
 HVDTRAIN_*, HOROVOD_*, NCCL_*, AWS_*, MLFLOW_*, DNNL_*, ONEDNN_*, ATEN_* and OMP_NUM_THREADS variables, and those
-named by --env. --start-timeout (default 120 s) bounds the wait for the cluster's resources."""
+named by --env. --start-timeout (default 120 s) bounds the wait for the cluster's resources.
+With the recipe's --elastic (PyTorch), ranks follow the cluster's nodes: N to start, at least MIN (default N) and at
+most MAX (default N); a rank is placed on any node with room for it (no placement group), a node lost takes its
+ranks out of the job, which continues from its last commit, and a node added gives it more."""
 
 FORWARDED_PREFIXES = ("HVDTRAIN_", "HOROVOD_", "NCCL_", "AWS_", "MLFLOW_", "DNNL_", "ONEDNN_", "ATEN_")
 FORWARDED_NAMES = ("PYTHONPATH", "OMP_NUM_THREADS")
@@ -63,6 +66,10 @@ class RayJob:
     placement: str = "pack"
     start_timeout: float = 120.0
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
+    min_workers: int = 0
+    """--elastic: the fewest ranks the job runs with (0: --num-workers)."""
+    max_workers: int = 0
+    """--elastic: the most ranks the job grows to (0: --num-workers)."""
 
     def check(self) -> None:
         if self.num_workers < 1:
@@ -75,6 +82,10 @@ class RayJob:
             raise ConfigError(f"--placement {self.placement!r}: choose from {', '.join(PLACEMENTS)}")
         if self.start_timeout <= 0:
             raise ConfigError(f"--start-timeout {self.start_timeout:g}: must be above 0 seconds")
+        low, high = self.min_workers or self.num_workers, self.max_workers or self.num_workers
+        if not 1 <= low <= self.num_workers <= high:
+            raise ConfigError(f"--min-workers {low} / --num-workers {self.num_workers} / --max-workers {high}: "
+                              "need 1 <= MIN <= N <= MAX")
 
     def bundle(self) -> Dict[str, float]:
         out = {"CPU": float(self.cpus_per_worker)}
@@ -84,16 +95,19 @@ class RayJob:
 
 
 _NUMBERS = {"--num-workers": ("num_workers", int), "--cpus-per-worker": ("cpus_per_worker", float),
-            "--gpus-per-worker": ("gpus_per_worker", float), "--start-timeout": ("start_timeout", float)}
+            "--gpus-per-worker": ("gpus_per_worker", float), "--start-timeout": ("start_timeout", float),
+            "--min-workers": ("min_workers", int), "--max-workers": ("max_workers", int)}
 _STRINGS = {"--address": "address", "--placement": "placement"}
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[RayJob, List[str]]:
     """``hvdtrain ray``'s flags, and the ``recipe NAME ...`` command after them."""
     job, rest = RayJob(address=os.environ.get("RAY_ADDRESS", "") or "auto"), list(argv)
+    given = set()
     while rest and rest[0] != "recipe":
         flag = rest.pop(0)
         name, eq, value = flag.partition("=")
+        given.add(name)
         if name not in _NUMBERS and name not in _STRINGS and name != "--env":
             raise ConfigError(f"ray: unknown option {flag!r}; options: {', '.join([*_NUMBERS, *_STRINGS, '--env'])}"
                               " (then: recipe NAME [--option value ...])")
@@ -117,23 +131,30 @@ def parse_args(argv: Sequence[str]) -> Tuple[RayJob, List[str]]:
                     from None
     if not rest:
         raise ConfigError("ray: no command: give 'recipe NAME [--option value ...]' after the ray options")
-    if job.num_workers == 0:
+    if "--num-workers" not in given:
         raise ConfigError("ray: --num-workers N is required (the number of ranks)")
     job.check()
     return job, rest
 
 
-def check_recipe(command: Sequence[str]) -> None:
-    """The recipe command's flags checked on the driver, before anything starts on the cluster."""
+def check_recipe(command: Sequence[str], job: RayJob) -> bool:
+    """The recipe command's flags checked on the driver, before anything starts on the cluster (the recipe's own
+    refusals included: --elastic on MXNet); whether the job is elastic."""
     from . import registry
     from .config import parse_overrides
     if len(command) < 2 or command[1].startswith("-"):
         raise ConfigError("ray: recipe needs a NAME: ... recipe NAME [--option value ...]")
     cls = registry.load(command[1])
     cfg = parse_overrides(cls.config_class, list(command[2:]))
-    if getattr(cfg, "elastic", False):
-        raise ConfigError("ray: --elastic is not supported on Ray yet; run elastic jobs with horovodrun "
-                          "(python -m hvdtrain recipe ... --elastic under horovodrun --min-np/--max-np)")
+    cfg.validate()  # the flags' combinations, as the Trainer checks them on every rank
+    elastic = bool(getattr(cfg, "elastic", False))
+    if not elastic and (job.min_workers or job.max_workers):
+        raise ConfigError("ray: --min-workers and --max-workers are for the recipe's --elastic; without it the job "
+                          "runs --num-workers ranks")
+    if elastic and job.gpus_per_worker:
+        raise ConfigError("ray: --elastic with --gpus-per-worker is not supported yet: give each elastic rank CPUs "
+                          "only, or run without --elastic")
+    return elastic
 
 
 def forwarded_env(extra: Dict[str, str]) -> Dict[str, str]:
@@ -242,18 +263,23 @@ def _connect(address: str):
     except ConnectionError as e:
         raise ConfigError(f"--address {address}: no Ray cluster answered ({str(e).splitlines()[0]}); start one with "
                           "'ray start --head', or give its HOST:PORT") from None
+    except Exception as e:  # noqa: BLE001 - e.g. an AuthenticationError: the cluster's token is not this driver's
+        first = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+        raise ConfigError(f"--address {address}: the Ray cluster refused this driver ({type(e).__name__}: {first}); "
+                          "with token authentication give the cluster's token in RAY_AUTH_TOKEN and set "
+                          "RAY_AUTH_MODE=token") from None
     return ray
 
 
-def _check_resources(ray, job: RayJob) -> None:
-    """One line, before anything is placed, when the cluster could never hold the job."""
+def _check_resources(ray, job: RayJob, needed: int) -> None:
+    """One line, before anything is placed, when the cluster could never hold ``needed`` ranks."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     need = job.bundle()
     total = sum(min(int(n.get("Resources", {}).get(k, 0.0) / v + 1e-9) for k, v in need.items()) for n in nodes)
-    if total < job.num_workers:
+    if total < needed:
         have = ", ".join(f"{n.get('NodeManagerAddress')}: {n.get('Resources', {}).get('CPU', 0):g} CPU "
                          f"{n.get('Resources', {}).get('GPU', 0):g} GPU" for n in nodes)
-        raise ConfigError(f"--num-workers {job.num_workers} x ({job.cpus_per_worker:g} CPU, {job.gpus_per_worker:g} "
+        raise ConfigError(f"--num-workers {needed} x ({job.cpus_per_worker:g} CPU, {job.gpus_per_worker:g} "
                           f"GPU): the Ray cluster holds {total} such workers ({len(nodes)} nodes: {have}); ask for "
                           "fewer workers or resources, or add nodes")
 
@@ -311,13 +337,15 @@ def run(job: RayJob, command: Sequence[str], log=print) -> int:
     """Run ``command`` (``recipe NAME ...``) on ``job.num_workers`` ranks of the Ray cluster; 0 when every rank
     succeeded, else raise :class:`RayJobFailed` naming the rank (or the lost node) and its error."""
     job.check()
-    check_recipe(command)
+    elastic = check_recipe(command, job)
     started = time.monotonic()
     ray = _connect(job.address)
     server = pg = None
     actors: List = []
     try:
-        _check_resources(ray, job)
+        _check_resources(ray, job, (job.min_workers or job.num_workers) if elastic else job.num_workers)
+        if elastic:
+            return _run_elastic(ray, job, command, started, log)
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         pg = placement_group([job.bundle() for _ in range(job.num_workers)], strategy=PLACEMENTS[job.placement])
@@ -334,10 +362,8 @@ def run(job: RayJob, command: Sequence[str], log=print) -> int:
         addr = ray.util.get_node_ip_address()
         slots = assign_ranks(places, addr)
         server, port = _rendezvous(slots)
-        env = forwarded_env(job.env)
-        argv = ["-m", "hvdtrain", *command]
-        ray.get([a.start.remote(argv, {**env, **_rank_env(s, len(slots), (addr, port), p["iface"])}, os.getcwd(),
-                                s["rank"]) for a, s, p in zip(actors, slots, places)], timeout=job.start_timeout)
+        ray.get([_start_rank(a, command, job, _rank_env(s, len(slots), (addr, port), p["iface"]), s["rank"])
+                 for a, s, p in zip(actors, slots, places)], timeout=job.start_timeout)
         nodes = sorted({(s["cross_rank"], s["hostname"]) for s in slots})
         log(f"hvdtrain ray: {len(slots)} ranks on {len(nodes)} node(s) ({', '.join(h for _, h in nodes)}) started "
             f"in {time.monotonic() - started:.1f} s", flush=True)
@@ -355,6 +381,90 @@ def run(job: RayJob, command: Sequence[str], log=print) -> int:
         if server is not None:
             server.stop()
         ray.shutdown()
+
+
+def _start_rank(actor, command: Sequence[str], job: RayJob, rank_env: Dict[str, str], rank: int):
+    """The rank's ``python -m hvdtrain COMMAND`` in ``actor``, in the driver's working directory, with the variables
+    the driver passes on (USAGE) and the rank's Horovod environment; the call's object ref."""
+    return actor.start.remote(["-m", "hvdtrain", *command], {**forwarded_env(job.env), **rank_env}, os.getcwd(), rank)
+
+
+class RayNodes:
+    """Horovod's elastic host discovery (``HostDiscovery.find_available_hosts_and_slots``) from the Ray cluster: each
+    live node by its address, with as many slots as ranks of the job's size it holds."""
+
+    def __init__(self, ray, job: RayJob, first: str = ""):
+        self.ray, self.need, self.first = ray, job.bundle(), first
+
+    def find_available_hosts_and_slots(self) -> Dict[str, int]:
+        """Live nodes -> slots, the node at ``first`` (the driver's) first: Horovod numbers the hosts in this order,
+        so rank 0, which writes the records, runs beside the driver and is lost only with the job."""
+        out = {}
+        for node in sorted(self.ray.nodes(), key=lambda n: n.get("NodeManagerAddress") != self.first):
+            have = node.get("Resources", {})
+            slots = min(int(have.get(k, 0.0) / v + 1e-9) for k, v in self.need.items())
+            if node.get("Alive") and slots > 0:
+                out[node["NodeManagerAddress"]] = slots
+        return out
+
+
+def _run_elastic(ray, job: RayJob, command: Sequence[str], started: float, log) -> int:
+    """--elastic on Ray: Horovod's elastic driver (what horovodrun --min-np/--max-np runs), its hosts the Ray
+    cluster's live nodes, each rank an actor placed on its node that runs the recipe with HOROVOD_ELASTIC."""
+    from horovod.runner.elastic.discovery import HostDiscovery
+    from horovod.runner.elastic.driver import ElasticDriver
+    from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+    from horovod.runner.http.http_server import RendezvousServer
+    discovery = type("RayHostDiscovery", (RayNodes, HostDiscovery), {})(ray, job, ray.util.get_node_ip_address())
+    rendezvous = RendezvousServer(verbose=0)
+    driver = ElasticDriver(rendezvous, discovery, job.min_workers or job.num_workers,
+                           job.max_workers or job.num_workers, timeout=int(job.start_timeout))
+    port = rendezvous.start(create_rendezvous_handler(driver))
+    server = (ray.util.get_node_ip_address(), port)
+    remote = ray.remote(RankActor)
+    failures: List[str] = []
+
+    def create_worker(slot_info, events):
+        actor = remote.options(num_cpus=job.cpus_per_worker, max_concurrency=4, max_restarts=0,
+                               resources={f"node:{slot_info.hostname}": 0.001}).remote()
+        where = f"rank {slot_info.rank} on Ray node {slot_info.hostname}"
+        try:
+            place = ray.get(actor.where.remote(), timeout=job.start_timeout)
+            slot = {"rank": slot_info.rank, "local_rank": slot_info.local_rank, "local_size": slot_info.local_size,
+                    "cross_rank": slot_info.cross_rank, "cross_size": slot_info.cross_size,
+                    "hostname": slot_info.hostname, "gpus": ""}
+            rank_env = {**_rank_env(slot, slot_info.size, server, place["iface"]), "HOROVOD_ELASTIC": "1"}
+            ray.get(_start_rank(actor, command, job, rank_env, slot_info.rank), timeout=job.start_timeout)
+            done = actor.wait.remote()
+            while not ray.wait([done], timeout=1.0)[0]:
+                if any(e.is_set() for e in events):  # the driver stops it: the job ended, or its host left
+                    ray.get(actor.stop.remote(grace=5.0), timeout=30)
+            rc, tail = ray.get(done)
+            if rc != 0:
+                failures.append(f"{where} exited with status {rc}: {_error_line(tail)}")
+            return rc, time.time()
+        except Exception as e:  # noqa: BLE001 - the actor died with its node, or never started
+            failures.append(f"{where} was lost: {_first_line(e)}")
+            return 1, time.time()
+        finally:
+            ray.kill(actor)
+
+    try:
+        driver.wait_for_available_slots(job.min_workers or job.num_workers)
+        log(f"hvdtrain ray: elastic, {job.num_workers} ranks to start (between {job.min_workers or job.num_workers} "
+            f"and {job.max_workers or job.num_workers}), hosts {discovery.find_available_hosts_and_slots()}, after "
+            f"{time.monotonic() - started:.1f} s", flush=True)
+        driver.start(job.num_workers, create_worker)
+        results = driver.get_results()
+    finally:
+        driver.stop()
+    if results.error_message is not None:
+        raise RayJobFailed(f"the elastic job ended: {results.error_message}"
+                           + (f"; first: {failures[0]}" if failures else ""))
+    for name, (rc, _) in sorted(results.worker_results.items(), key=lambda item: item[1][1]):
+        if rc != 0:
+            raise RayJobFailed(failures[-1] if failures else f"{name} exited with status {rc}", rc)
+    return 0
 
 
 def _watch(ray, actors, slots, places) -> None:

@@ -74,7 +74,7 @@ class RayCluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("raycluster"))
-    with cluster_up(CLUSTER, state, 2, why_no_netns()):
+    with cluster_up(CLUSTER, state, 3, why_no_netns()):  # Ray on host0 and host1; host2 joins the elastic test
         prefix, hosts = cluster_state(state)
         temp = tempfile.mkdtemp(prefix="hvdtrain-ray-", dir="/tmp")
         try:
@@ -83,7 +83,7 @@ def cluster(tmp_path_factory):
             c.start_node("host1")
             yield c
         finally:
-            for host in hosts:
+            for host in hosts:  # each: ray stop on a host without Ray finds nothing to stop
                 subprocess.run(c.on(host, os.path.join(BIN, "ray"), "stop", "--force"), capture_output=True,
                                timeout=120)
             shutil.rmtree(temp, ignore_errors=True)
@@ -144,7 +144,10 @@ def test_what_cannot_start_is_one_line_before_anything_starts(cluster, tmp_path)
         (("--num-workers", "two", "recipe", TINY), "--num-workers 'two': expects an integer"),
         (("--num-workers", "2", "--placement", "strict", "recipe", TINY), "--placement 'strict': choose from pack"),
         (("--num-workers", "2", "recipe", TINY, "--epochz", "1"), "--epochz"),
-        (("--num-workers", "2", "recipe", TINY, "--elastic"), "--elastic is not supported on Ray yet"),
+        (("--num-workers", "2", "recipe", TINY, "--framework", "mxnet", "--elastic"),
+         "--elastic is available on --framework torch only"),
+        (("--num-workers", "2", "--min-workers", "1", "recipe", TINY), "are for the recipe's --elastic"),
+        (("--num-workers", "2", "--min-workers", "3", "recipe", TINY, "--elastic"), "need 1 <= MIN <= N <= MAX"),
         (("--num-workers", "5", "recipe", TINY), "the Ray cluster holds 4 such workers"),
         (("--num-workers", "2", "--cpus-per-worker", "3", "recipe", TINY), "the Ray cluster holds 0 such workers"),
         (("--num-workers", "1", "--gpus-per-worker", "1", "recipe", TINY), "the Ray cluster holds 0 such workers"),
@@ -233,4 +236,43 @@ def test_a_lost_node_ends_the_job_naming_it(cluster, tmp_path):
     assert "was lost" in last, last
     assert not os.path.exists(os.path.join(out, "metrics.jsonl")) or len(read_metrics(out)) < 3
     print(f"the job ended {ended:.1f} s after the node was lost")
+    cluster.start_node("host1")  # back, for whatever runs after
+
+
+def test_elastic_on_ray_loses_a_node_continues_and_grows_onto_a_new_one(cluster, tmp_path):
+    """--elastic on Ray (PyTorch): 2 ranks, one per node; host1's raylet killed mid-run (the node and its rank lost),
+    the survivor continues from the last commit alone; a Ray node started on host2 later, and the job grows back to
+    2 ranks on it. As under horovodrun (tests/e2e/test_elastic.py): every epoch recorded once, the learning rate
+    following the world size, the model trained. Horovod's elastic driver numbers the hosts in a set's order, so rank
+    0 is on either node: when it is on host1, the rank on host0 becomes rank 0 and writes the records from the last
+    commit on (Trainer.restore_position)."""
+    out = tmp_path / "out"
+    cmd = cluster.on("host0", PY, "-m", "hvdtrain", "ray", "--address", cluster.address, "--num-workers", "2",
+                     "--min-workers", "1", "--max-workers", "2", "--cpus-per-worker", str(CPUS_PER_NODE), "recipe",
+                     TINY, "--elastic", "--epochs", "16", "--commit-every", "2", "--threads", "1", "--step-sleep",
+                     "0.2", "--output-dir", str(out))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**cluster.env()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "heartbeats" / "rank-1.json").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-6000:]
+            time.sleep(0.2)
+        time.sleep(3)
+        (raylet,) = cluster.raylet_pids("host1")
+        os.kill(raylet, signal.SIGKILL)
+        time.sleep(8)  # epochs on the survivor alone
+        cluster.start_node("host2")
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, output[-6000:]
+    assert "elastic reset: 1 worker(s) now" in output and "elastic reset: 2 worker(s) now" in output, output[-6000:]
+    records = read_metrics(str(out))
+    sizes = [r["world_size"] for r in records]
+    assert [r["epoch"] for r in records] == list(range(1, 17)), records
+    assert sizes[0] == 2 and 1 in sizes and sizes[-1] == 2, sizes
+    assert all(r["lr"] == pytest.approx(0.01 * r["world_size"]) for r in records), "lr follows the world size"
+    assert records[-1]["val_accuracy"] > 0.95
+    assert _hosts_of_ranks(str(out), 2)[1] == [cluster.hosts["host2"]], "rank 1 did not end on the node that joined"
     cluster.start_node("host1")  # back, for whatever runs after
