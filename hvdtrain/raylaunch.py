@@ -393,14 +393,14 @@ class RayNodes:
     """Horovod's elastic host discovery (``HostDiscovery.find_available_hosts_and_slots``) from the Ray cluster: each
     live node by its address, with as many slots as ranks of the job's size it holds."""
 
-    def __init__(self, ray, job: RayJob, first: str = ""):
-        self.ray, self.need, self.first = ray, job.bundle(), first
+    def __init__(self, ray, job: RayJob):
+        self.ray, self.need = ray, job.bundle()
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
-        """Live nodes -> slots, the node at ``first`` (the driver's) first: Horovod numbers the hosts in this order,
-        so rank 0, which writes the records, runs beside the driver and is lost only with the job."""
+        """Live nodes -> slots. Horovod's elastic driver numbers new hosts in a set's order, not this one's, so rank
+        0 may be on any node; when its node is lost, the rank renumbered 0 takes over the records."""
         out = {}
-        for node in sorted(self.ray.nodes(), key=lambda n: n.get("NodeManagerAddress") != self.first):
+        for node in self.ray.nodes():
             have = node.get("Resources", {})
             slots = min(int(have.get(k, 0.0) / v + 1e-9) for k, v in self.need.items())
             if node.get("Alive") and slots > 0:
@@ -415,7 +415,7 @@ def _run_elastic(ray, job: RayJob, command: Sequence[str], started: float, log) 
     from horovod.runner.elastic.driver import ElasticDriver
     from horovod.runner.elastic.rendezvous import create_rendezvous_handler
     from horovod.runner.http.http_server import RendezvousServer
-    discovery = type("RayHostDiscovery", (RayNodes, HostDiscovery), {})(ray, job, ray.util.get_node_ip_address())
+    discovery = type("RayHostDiscovery", (RayNodes, HostDiscovery), {})(ray, job)
     rendezvous = RendezvousServer(verbose=0)
     driver = ElasticDriver(rendezvous, discovery, job.min_workers or job.num_workers,
                            job.max_workers or job.num_workers, timeout=int(job.start_timeout))
