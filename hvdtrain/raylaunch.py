@@ -274,8 +274,7 @@ def _connect(address: str):
 def _check_resources(ray, job: RayJob, needed: int) -> None:
     """One line, before anything is placed, when the cluster could never hold ``needed`` ranks."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    need = job.bundle()
-    total = sum(min(int(n.get("Resources", {}).get(k, 0.0) / v + 1e-9) for k, v in need.items()) for n in nodes)
+    total = sum(RayNodes(ray, job).find_available_hosts_and_slots().values())
     if total < needed:
         have = ", ".join(f"{n.get('NodeManagerAddress')}: {n.get('Resources', {}).get('CPU', 0):g} CPU "
                          f"{n.get('Resources', {}).get('GPU', 0):g} GPU" for n in nodes)
