@@ -239,6 +239,21 @@ def test_a_lost_node_ends_the_job_naming_it(cluster, tmp_path):
     cluster.start_node("host1")  # back, for whatever runs after
 
 
+def _wait_for_records(proc, out, done, timeout=180.0) -> None:
+    """Until ``done`` holds of the world sizes in OUTPUT_DIR/metrics.jsonl (its complete lines), the job alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(out / "metrics.jsonl") as f:
+                sizes = [json.loads(line)["world_size"] for line in f if line.endswith("\n")]
+        except FileNotFoundError:
+            sizes = []
+        if done(sizes):
+            return
+        assert proc.poll() is None and time.monotonic() < deadline, (sizes, proc.communicate()[0][-6000:])
+        time.sleep(0.2)
+
+
 def test_elastic_on_ray_loses_a_node_continues_and_grows_onto_a_new_one(cluster, tmp_path):
     """--elastic on Ray (PyTorch): 2 ranks, one per node; host1's raylet killed mid-run (the node and its rank lost),
     the survivor continues from the last commit alone; a Ray node started on host2 later, and the job grows back to
@@ -254,14 +269,10 @@ def test_elastic_on_ray_loses_a_node_continues_and_grows_onto_a_new_one(cluster,
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(**cluster.env()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "heartbeats" / "rank-1.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-6000:]
-            time.sleep(0.2)
-        time.sleep(3)
+        _wait_for_records(proc, out, lambda sizes: sizes[:1] == [2])  # an epoch on both nodes, on a loaded host too
         (raylet,) = cluster.raylet_pids("host1")
         os.kill(raylet, signal.SIGKILL)
-        time.sleep(8)  # epochs on the survivor alone
+        _wait_for_records(proc, out, lambda sizes: 1 in sizes)  # an epoch on the survivor alone
         cluster.start_node("host2")
         output, _ = proc.communicate(timeout=240)
     finally:
