@@ -145,11 +145,13 @@ ARM_GROUPS = {
     "hvdtrain-mxnet": ("hvdtrain",),
     "torch": (TORCH_ARM,),
     "torch-spin": (f"{TORCH_ARM} spin",),
+    "torch-block": (f"{TORCH_ARM} block",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "horovod-torch": ("horovod torch",),
 }
-"""What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (and with horovod.torch's
-spinning wait, what every rank of this benchmark used before its hosts showed their quota), PyTorch DDP under
+"""What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (as it chooses its wait
+for a collective, and with each wait forced: horovod.torch's spinning wait, what every rank of this benchmark used
+before its hosts showed their quota, and hvdtrain's blocking wait), PyTorch DDP under
 torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
 PyTorch arms' efficiency is each against its own run on one host."""
 
@@ -181,6 +183,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
         TORCH_ARM: lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch"),
         f"{TORCH_ARM} spin": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                env={"HOROVOD_SPIN_WAIT": "1"}),
+        f"{TORCH_ARM} block": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+                                                env={"HOROVOD_SPIN_WAIT": "0"}),
         "ddp": lambda: _ddp(*common),
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),

@@ -1,6 +1,6 @@
 """The emulated cluster of the network benchmarks (``bench network``, ``bench shards``) and of tests: the namespace
 hosts of ``scripts/netns_cluster.sh``, every link limited with ``tc tbf``, each host optionally held to a CPU quota
-(a cgroup), and ``horovodrun`` launched on them. Root only; everything is removed on the way out."""
+(a cgroup) or to cores of its own (a cpuset), and ``horovodrun`` launched on them. Root only; everything is removed on the way out."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ..config import ConfigError
 from .costmodel import rate_bits
@@ -69,6 +69,46 @@ class CpuQuota:
                     time.sleep(0.1)
 
 
+class CpuSet:
+    """Cores of its own per namespace host (a cgroup ``cpuset``, v1 or v2): host i runs on ``per_host`` cores of
+    this process's affinity, consecutive, host after host, wrapping round when the hosts ask for more cores than
+    there are (then hosts share cores, as ``shared`` says). Unlike a quota, which lets every thread of a host run on
+    any core and throttles them all once the host's share of a period is spent, a cpuset gives a host whole cores
+    that nothing else runs on: what a real host that owns its cores sees, and its affinity shows it."""
+
+    def __init__(self, name: str, hosts: int, per_host: int):
+        v1, v2 = "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v1, "cpuset.cpus")):
+            self.root, self.v2 = v1, False
+        elif "cpuset" in _read(os.path.join(v2, "cgroup.controllers")).split():
+            self.root, self.v2 = v2, True
+            with open(os.path.join(v2, "cgroup.subtree_control"), "w") as f:
+                f.write("+cpuset")
+        else:
+            raise ConfigError("--cores-per-host needs the cgroup cpuset controller (/sys/fs/cgroup/cpuset or cgroup "
+                              "v2 with cpuset in cgroup.controllers); pass --cores-per-host 0 to run without one")
+        cores = sorted(os.sched_getaffinity(0))
+        if per_host > len(cores):
+            raise ConfigError(f"--cores-per-host {per_host}: this process may run on {len(cores)} core(s) only")
+        self.cores = [[cores[(i * per_host + j) % len(cores)] for j in range(per_host)] for i in range(hosts)]
+        self.shared = hosts * per_host > len(cores)
+        mems = _read(os.path.join(self.root, "cpuset.mems" if not self.v2 else "cpuset.mems.effective")).strip()
+        self.dirs = []
+        for i in range(hosts):
+            path = os.path.join(self.root, f"{name}-h{i}")
+            os.makedirs(path, exist_ok=True)
+            self.dirs.append(path)
+            _write(os.path.join(path, "cpuset.cpus"), ",".join(map(str, self.cores[i])))
+            if mems:
+                _write(os.path.join(path, "cpuset.mems"), mems)
+
+    def describe(self) -> str:
+        per = ", ".join(f"host{i} on {','.join(map(str, c))}" for i, c in enumerate(self.cores))
+        return f"cores of its own per host ({per}{'; hosts share cores' if self.shared else ''})"
+
+    procs, add, remove = CpuQuota.procs, CpuQuota.add, CpuQuota.remove
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -83,27 +123,35 @@ def _write(path: str, text: str) -> None:
 
 
 class Cluster:
-    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i (inside its CPU quota, if any)."""
+    """The namespace hosts of one run: ``prefix(i)`` runs a command on host i (inside its CPU quota and cpuset, if
+    any)."""
 
-    def __init__(self, state: str, hosts: int, quota: Optional[CpuQuota] = None):
-        self.state, self.quota = state, quota
+    def __init__(self, state: str, hosts: int, *groups: Optional[Union[CpuQuota, CpuSet]]):
+        self.state = state
+        self.groups = [g for g in groups if g is not None]
         env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "env")) if "=" in line)
         self.ns_prefix = env["NETNS_PREFIX"]
         self.addresses = [line.split()[1] for line in open(os.path.join(state, "hosts")) if line.strip()][:hosts]
-        if quota is not None:  # each host's sshd, so that what horovodrun starts over ssh is in the host's quota
-            for i in range(hosts):
-                pids = _run(["ip", "netns", "pids", f"{self.ns_prefix}h{i}"], f"ip netns pids on host{i}").split()
-                for pid in pids:
-                    quota.add(i, int(pid))
+        for i in range(hosts if self.groups else 0):  # each host's sshd, so that what horovodrun starts over ssh
+            pids = _run(["ip", "netns", "pids", f"{self.ns_prefix}h{i}"], f"ip netns pids on host{i}").split()
+            for pid in pids:  # is in the host's groups
+                for group in self.groups:
+                    group.add(i, int(pid))
 
     def prefix(self, host: int) -> List[str]:
         # ip netns exec mounts a /sys without the cgroups: cgroups.sh mounts them again, so that a rank reads its
         # host's quota as in a container (hvdtrain chooses its threads and Horovod's wait by it).
         ns = ["ip", "netns", "exec", f"{self.ns_prefix}h{host}", "sh", os.path.join(self.state, "cgroups.sh")]
-        if self.quota is None:
+        if not self.groups:
             return ns
-        # Into the host's group before entering its namespace.
-        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', self.quota.procs(host), *ns]
+        # Into the host's groups before entering its namespace.
+        files = [g.procs(host) for g in self.groups]
+        script = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(files))) + f' && shift {len(files)} && exec "$@"'
+        return ["sh", "-c", script, "sh", *files, *ns]
+
+    def host_cores(self) -> Optional[List[List[int]]]:
+        """The cores each host is pinned to, or None where the hosts share the machine's."""
+        return next((g.cores for g in self.groups if isinstance(g, CpuSet)), None)
 
     def links(self) -> Iterator[Tuple[List[str], str]]:
         """(command prefix, device) of both ends of every host's link: its own eth0 (what it sends) and its port on
@@ -121,10 +169,11 @@ def _run(cmd: Sequence[str], what: str, timeout: float = 600) -> str:
 
 
 @contextlib.contextmanager
-def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0) -> Iterator[Cluster]:
+def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0,
+                   cores_per_host: int = 0) -> Iterator[Cluster]:
     """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
-    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none); all of it removed on the way
-    out."""
+    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none) and pinned to
+    ``cores_per_host`` cores of its own (:class:`CpuSet`; 0: none); all of it removed on the way out."""
     if os.geteuid() != 0:
         raise ConfigError("bench network needs root (network namespaces and tc)")
     if not os.path.exists(CLUSTER):
@@ -132,23 +181,26 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
     burst = burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100))
     # A kill (SIGTERM) unwinds like Ctrl-C, so the namespaces and links go with the run.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    quota = None
+    groups: List[Union[CpuQuota, CpuSet]] = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-net-") as state:
         try:
             _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")
             if cpu_quota:
-                quota = CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota)
-            cluster = Cluster(state, hosts, quota)
+                groups.append(CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota))
+            if cores_per_host:
+                groups.append(CpuSet(f"hvdtrain-net-{os.getpid()}", hosts, cores_per_host))
+            cluster = Cluster(state, hosts, *groups)
             for prefix, dev in cluster.links():
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
                       "latency", "50ms"], f"tc on {dev}")
             print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
-                  + (f", each host to {cpu_quota:g} cores" if cpu_quota else ""), flush=True)
+                  + (f", each host to {cpu_quota:g} cores" if cpu_quota else "")
+                  + "".join(f", {g.describe()}" for g in groups if isinstance(g, CpuSet)), flush=True)
             yield cluster
         finally:
             subprocess.run(["bash", CLUSTER, "down", state], capture_output=True, timeout=120)
-            if quota is not None:
-                quota.remove()
+            for group in groups:
+                group.remove()
             signal.signal(signal.SIGTERM, previous)
 
 

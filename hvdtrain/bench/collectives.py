@@ -67,17 +67,19 @@ def _median_ops(rows: List[Dict[str, float]]) -> Dict[str, float]:
 
 
 def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
-                     cpu_quota: float = 0.0, frontends: Sequence[str] = ("mxnet",), rounds: int = 1) -> Dict:
+                     cpu_quota: float = 0.0, frontends: Sequence[str] = ("mxnet",), rounds: int = 1,
+                     cores_per_host: int = 0) -> Dict:
     """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes), through
     each of ``frontends``."""
     elements = gradient_bytes(hidden) // 4
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
         rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds, elements)
         # a second size, through the first frontend: what separates the per-message cost from the per-byte ones
         small = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends[:1], rounds, elements // 8)
     return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
             "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
-            "gradient_mb": 4 * elements / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota, **rows,
+            "gradient_mb": 4 * elements / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota,
+            "cores_per_host": cores_per_host, **rows,
             "calibration": calibrate({4 * elements: rows, 4 * (elements // 8): small}, rate),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
@@ -137,13 +139,13 @@ def gradient_bytes(hidden: int) -> int:
 
 
 def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
-                    cpu_quota: float = 0.0, rounds: int = 3) -> Dict:
+                    cpu_quota: float = 0.0, rounds: int = 3, cores_per_host: int = 0) -> Dict:
     """``--allreduce-paths``: the step's gradients averaged three ways on the same links and quota
     (:data:`hvdtrain.bench.allreduce_worker.PATHS`: Horovod per gradient, Horovod on one flat tensor, c10d's Gloo on
     it), interleaved in one job per host count; seconds and each rank's CPU by thread role per operation."""
     shapes = ",".join("x".join(str(d) for d in s) for s in gradient_shapes(hidden))
     rows = {}
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
         for n in hosts:
             with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
                 result = os.path.join(out, "result.json")
@@ -154,7 +156,7 @@ def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float
                                      {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1", "HOROVOD_SPIN_WAIT": "0",
                                       "GLOO_SOCKET_IFNAME": "eth0"})
     return {"benchmark": "network allreduce paths", "model": f"mnist recipe, --hidden {hidden}", "rate": rate,
-            "cpu_quota_cores": cpu_quota, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "cpu_quota_cores": cpu_quota, "cores_per_host": cores_per_host, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _print_paths(result: Dict) -> None:

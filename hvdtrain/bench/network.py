@@ -50,13 +50,14 @@ from .runner import check_sizes, compare, write
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
             timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
-            arms: Sequence[str] = ARMS, journal: str = "") -> Dict:
+            arms: Sequence[str] = ARMS, journal: str = "", cores_per_host: int = 0) -> Dict:
     """The arms at each host count on the shaped hosts, interleaved over ``rounds`` (each sample also appended to
     ``journal`` as it comes), then the step's collectives alone; a failure of the latter is a warning."""
     recipe_args = ["--hidden", str(hidden)]
     arms = tuple(arms)
     own_base = [a for a in arms if a not in ARMS]  # the PyTorch arms: their own run on one host
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
+        host_cores = cluster.host_cores()
         variants = {}
         if set(arms) & set(ARMS):
             variants["single worker"] = lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)
@@ -87,6 +88,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
             "cpu_quota_period_us": QUOTA_PERIOD_US if cpu_quota else None,
+            "cores_per_host": cores_per_host, "host_cores": host_cores, "emulation": emulation(cpu_quota, cores_per_host),
             "compute_seconds_per_step": batch_size / base,
             "base_arm": arms[0],
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
@@ -95,6 +97,17 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             **collectives,
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "arms": list(arms), "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+DEFAULT_QUOTA = 0.4
+"""``--cpu-quota`` without ``--cores-per-host``: cores per host under a cgroup quota."""
+
+
+def emulation(cpu_quota: float, cores_per_host: int) -> str:
+    """The hosts' CPU in words, as a result and its picture state it."""
+    parts = ([f"{cores_per_host} core(s) of its own per host (cpuset)"] if cores_per_host else []) + \
+            ([f"a quota of {cpu_quota:g} cores per host"] if cpu_quota else [])
+    return ", ".join(parts) or "the machine's cores shared by every host"
 
 
 def plot(result: Dict, path: str) -> None:
@@ -112,7 +125,7 @@ def plot(result: Dict, path: str) -> None:
                [r[arm]["images_per_sec"] for r in rows], width, label=f"{arm} (img/s)", alpha=0.6)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([str(h) for h in hosts])
-    quota = f", {result['cpu_quota_cores']:g} cores per host" if result.get("cpu_quota_cores") else ""
+    quota = f", {result['emulation']}" if result.get("emulation") else ""
     ax.set_xlabel(f"hosts (one rank each), links limited to {result['rate']}{quota}\n"
                   f"efficiency against one single-worker baseline", fontsize=9)
     ax.set_ylabel("images / s (global)")
@@ -139,11 +152,13 @@ def run(args) -> int:
     if not hosts or hosts[0] < 2:
         raise ConfigError(f"--hosts {args.hosts!r}: give host counts of at least 2, e.g. 2,3,4")
     rate_bits(args.rate)
-    if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0:
-        raise ConfigError("--cpu-quota, --burst and --warmup must be 0 or more")
+    if args.cpu_quota is None:  # a quota by default; none beside cores of its own unless asked for
+        args.cpu_quota = 0.0 if args.cores_per_host else DEFAULT_QUOTA
+    if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0 or args.cores_per_host < 0:
+        raise ConfigError("--cpu-quota, --cores-per-host, --burst and --warmup must be 0 or more")
     if args.allreduce_paths:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
-                                 rounds=args.rounds)
+                                 rounds=args.rounds, cores_per_host=args.cores_per_host)
         _print_paths(result)
         write(args.output_dir, "paths", result)
         return 0
@@ -153,7 +168,7 @@ def run(args) -> int:
         if unknown or not frontends:
             raise ConfigError(f"--frontends {args.frontends!r}: choose from {', '.join(FRONTENDS)}")
         result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
-                                  frontends=frontends, rounds=args.rounds)
+                                  frontends=frontends, rounds=args.rounds, cores_per_host=args.cores_per_host)
         _print_collectives(result)
         write(args.output_dir, "collectives", result)
         return 0
@@ -164,7 +179,8 @@ def run(args) -> int:
         os.remove(journal)  # this run's samples only
     print(f"bench: every sample is appended to {journal} as it is measured", flush=True)
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
-                     burst=args.burst, cpu_quota=args.cpu_quota, arms=arms, journal=journal)
+                     burst=args.burst, cpu_quota=args.cpu_quota, arms=arms, journal=journal,
+                     cores_per_host=args.cores_per_host)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])
@@ -191,9 +207,13 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
     p.add_argument("--burst", type=int, default=3028,
                    help="tbf bucket in bytes (default two 1514-byte frames; 0: rate / 100 Hz)")
-    p.add_argument("--cpu-quota", type=float, default=0.4,
-                   help="cores per host (cgroup cpu quota, 0: none): with all hosts within the machine's cores, "
-                        "the links limit a step, not the processors")
+    p.add_argument("--cpu-quota", type=float, default=None,
+                   help=f"cores per host (cgroup cpu quota, 0: none; default {DEFAULT_QUOTA:g}, or none with "
+                        "--cores-per-host): with all hosts within the machine's cores, the links limit a step, not "
+                        "the processors")
+    p.add_argument("--cores-per-host", type=int, default=0,
+                   help="pin each host to this many cores of its own (a cgroup cpuset; 0: none), as a real host "
+                        "owns its cores; with more hosts than cores they share them (add --cpu-quota to split one)")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--collectives-only", action="store_true",
                    help="time the step's collectives alone on the same links (allreduce; --shard-optimizer's "
@@ -207,7 +227,8 @@ def add_parser(sub) -> None:
                         "(horovod.torch 0.28.1's spinning wait)")
     p.add_argument("--frameworks", default="mxnet",
                    help="the arms, comma-separated: mxnet (its five arms), hvdtrain-mxnet (hvdtrain on MXNet alone), "
-                        "torch (hvdtrain on PyTorch), torch-spin (the same with horovod.torch's spinning wait), "
+                        "torch (hvdtrain on PyTorch), torch-spin and torch-block (the same with horovod.torch's "
+                        "spinning wait, with hvdtrain's blocking wait), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
     p.add_argument("--predict-from", default="",

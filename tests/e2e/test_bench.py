@@ -243,6 +243,35 @@ def test_a_shaped_host_reads_its_cpu_quota_as_a_container_would():
 
 
 @pytest.mark.machine
+def test_a_shaped_host_with_cores_of_its_own_runs_on_them_alone():
+    """--cores-per-host: a process on a namespace host, started directly or over ssh by a launcher, may run on its
+    host's cores only (its affinity, what hvdtrain sizes its threads and chooses horovod.torch's wait by: a rank
+    bound to cores of its own blocks), the hosts' cores do not overlap while the machine has enough, there is no
+    quota to read, and the cpusets are gone afterwards."""
+    why = why_no_netns()
+    if why:
+        pytest.skip(why)
+    from hvdtrain.bench.cluster import shaped_cluster
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    probe = ("import os; from hvdtrain.backends.resources import cgroup_cpu_quota, estimated_threads, spin_wait; "
+             "print(sorted(os.sched_getaffinity(0)), cgroup_cpu_quota(), estimated_threads(1)[0], spin_wait())")
+    with shaped_cluster(2, "200mbit", cores_per_host=1) as cluster:
+        assert cluster.host_cores() == [[cores[0]], [cores[1]]]
+        ssh = os.path.join(cluster.state, "bin", "ssh")
+        seen = [subprocess.run([*cluster.prefix(i), PY, "-c", probe], capture_output=True, text=True, timeout=60,
+                               cwd=ROOT) for i in (0, 1)]
+        seen.append(subprocess.run([*cluster.prefix(0), ssh, "host1", f"cd {ROOT} && {PY} -c \"{probe}\""],
+                                   capture_output=True, text=True, timeout=60))
+    for proc, core in zip(seen, (cores[0], cores[1], cores[1])):
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert proc.stdout.strip() == f"[{core}] None 1 0", (proc.stdout, proc.stderr)  # the blocking wait
+    assert not glob.glob("/sys/fs/cgroup/cpuset/hvdtrain-net-*") + glob.glob("/sys/fs/cgroup/hvdtrain-net-*"), \
+        "the cluster left cpusets behind"
+
+
+@pytest.mark.machine
 def test_shards_benchmark_trains_from_s3_over_shaped_links_beside_local_data(tmp_path):
     """Issue 56, item 7, at its smallest: 2 namespace hosts at 200 Mbit/s, the ImageNet recipe from an ImageFolder,
     from local shards and from the shards at s3:// (moto in the root namespace, reached through the bridge), the
@@ -287,9 +316,14 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
     assert bad.returncode == 2 and "--frameworks 'torch,dpp': unknown dpp; choose from" in bad.stderr, describe(bad)
     assert len(bad.stderr.strip().splitlines()) == 1 and "hosts up" not in bad.stdout, describe(bad)
     result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
-                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--frameworks",
-                                 "torch,ddp,horovod-torch", timeout=500)
+                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--cores-per-host", "1",
+                                 "--frameworks", "torch,ddp,horovod-torch", timeout=500)
     data = json.loads((out / "network.json").read_text())
+    # hosts of a core of their own beside a quota (the issue 60 emulation), said in the output and the result
+    cores = sorted(os.sched_getaffinity(0))
+    assert data["host_cores"] == [[cores[0]], [cores[1 % len(cores)]]] and data["cpu_quota_cores"] == 0.9, data
+    assert data["emulation"] == "1 core(s) of its own per host (cpuset), a quota of 0.9 cores per host"
+    assert f"each host to 0.9 cores, cores of its own per host (host0 on {cores[0]}, host1 on" in result.stdout
     arms = ("hvdtrain torch", "ddp", "ddp bucket 1mb", "horovod torch")
     assert tuple(data["arms"]) == arms
     one, two = data["rows"]

@@ -132,20 +132,34 @@ def test_horovod_torch_blocks_while_waiting_under_a_quota_and_spins_on_cores_of_
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     limited = _tree(tmp_path / "a", "0::/ctr\n", {"ctr/cpu.max": "40000 100000\n"})
     free = _tree(tmp_path / "b", "0::/ctr\n", {"ctr/cpu.max": "max 100000\n"})
-    assert spin_wait(*limited, ranks=1) == "0" and spin_wait(*free, ranks=1) == "1"
+    unbound = {"cores": frozenset(range(4)), "machine": 4}
+    assert spin_wait(*limited, ranks=1, **unbound) == "0" and spin_wait(*free, ranks=1, **unbound) == "1"
+
+
+def test_a_rank_bound_to_cores_of_its_own_blocks_while_waiting(tmp_path):
+    """Issue 60, item 2: on hosts that own their cores (a cpuset, a launcher's binding) the spin tied the blocking wait
+    where the link limits the step at three times the CPU, and lost where the compute does: a rank whose affinity is
+    narrower than the machine blocks, quota or not; one free to run on every core keeps the spin."""
+    from hvdtrain.backends.resources import spin_wait
+    free = _tree(tmp_path, "0::/ctr\n", {"ctr/cpu.max": "max 100000\n"})
+    assert spin_wait(*free, ranks=1, cores=frozenset({3}), machine=8) == "0"
+    assert spin_wait(*free, ranks=1, cores=frozenset(range(4)), machine=8) == "0"
+    assert spin_wait(*free, ranks=1, cores=frozenset(range(8)), machine=8) == "1"
+    assert spin_wait(str(tmp_path / "none"), str(tmp_path), ranks=2, cores=frozenset({0}), machine=2) == "0"
 
 
 def test_a_quota_of_a_core_or_more_per_rank_keeps_the_spin(tmp_path, monkeypatch):
     """Issue 47, item 8: the blocking wait only where the quota leaves a rank less than a core; a 64-core quota for
-    2 ranks is cores of their own (where the spin measured faster). The ranks come from the launcher when not given."""
+    2 ranks free to run on every core keeps the spin (measured faster there). The ranks come from the launcher when not given."""
     from hvdtrain.backends.resources import spin_wait
     big = _tree(tmp_path, "0::/ctr\n", {"ctr/cpu.max": "6400000 100000\n"})
-    assert spin_wait(*big, ranks=2) == "1"
-    assert spin_wait(*big, ranks=128) == "0"  # half a core each
+    unbound = {"cores": frozenset(range(96)), "machine": 96}
+    assert spin_wait(*big, ranks=2, **unbound) == "1"
+    assert spin_wait(*big, ranks=128, **unbound) == "0"  # half a core each
     monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "100")
-    assert spin_wait(*big) == "0"
+    assert spin_wait(*big, **unbound) == "0"
     monkeypatch.setenv("HOROVOD_LOCAL_SIZE", "8")
-    assert spin_wait(*big) == "1"
+    assert spin_wait(*big, **unbound) == "1"
 
 
 def test_ranks_in_separate_containers_are_not_grouped_under_one_quota(tmp_path):
