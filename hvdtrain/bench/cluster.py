@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..config import ConfigError
 from .costmodel import rate_bits
@@ -25,33 +25,24 @@ QUOTA_PERIOD_US = 10000
 6 ms rather than 60, which would quantise steps of 100-300 ms into whole throttled periods."""
 
 
-class CpuQuota:
-    """A CPU limit per namespace host (cgroup v1 ``cpu`` or cgroup v2 ``cpu.max``): ``cores`` cores for everything
-    that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
-    machine do not compete for its cores and the links, not the processors, limit a step."""
+class _HostGroups:
+    """A cgroup per namespace host under one controller (v1, or v2 with the controller enabled for the children);
+    what runs on host i goes into group i."""
 
-    def __init__(self, name: str, hosts: int, cores: float):
-        v1, v2 = "/sys/fs/cgroup/cpu", "/sys/fs/cgroup"
-        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+    def __init__(self, name: str, hosts: int, controller: str, v1_file: str, flag: str):
+        v1, v2 = f"/sys/fs/cgroup/{controller}", "/sys/fs/cgroup"
+        if os.path.exists(os.path.join(v1, v1_file)):
             self.root, self.v2 = v1, False
-        elif "cpu" in _read(os.path.join(v2, "cgroup.controllers")).split():
+        elif controller in _read(os.path.join(v2, "cgroup.controllers")).split():
             self.root, self.v2 = v2, True
             with open(os.path.join(v2, "cgroup.subtree_control"), "w") as f:
-                f.write("+cpu")
+                f.write(f"+{controller}")
         else:
-            raise ConfigError("--cpu-quota needs the cgroup cpu controller (/sys/fs/cgroup/cpu or cgroup v2 with "
-                              "cpu in cgroup.controllers); pass --cpu-quota 0 to run without one")
-        period = QUOTA_PERIOD_US
-        self.dirs = []
-        for i in range(hosts):
-            path = os.path.join(self.root, f"{name}-h{i}")
+            raise ConfigError(f"{flag} needs the cgroup {controller} controller (/sys/fs/cgroup/{controller} or cgroup "
+                              f"v2 with {controller} in cgroup.controllers); pass {flag} 0 to run without one")
+        self.dirs = [os.path.join(self.root, f"{name}-h{i}") for i in range(hosts)]
+        for path in self.dirs:
             os.makedirs(path, exist_ok=True)
-            self.dirs.append(path)
-            if self.v2:
-                _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
-            else:
-                _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
-                _write(os.path.join(path, "cpu.cfs_quota_us"), str(int(cores * period)))
 
     def procs(self, host: int) -> str:
         return os.path.join(self.dirs[host], "cgroup.procs")
@@ -69,7 +60,23 @@ class CpuQuota:
                     time.sleep(0.1)
 
 
-class CpuSet:
+class CpuQuota(_HostGroups):
+    """A CPU limit per namespace host (cgroup v1 ``cpu`` or cgroup v2 ``cpu.max``): ``cores`` cores for everything
+    that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
+    machine do not compete for its cores and the links, not the processors, limit a step."""
+
+    def __init__(self, name: str, hosts: int, cores: float):
+        super().__init__(name, hosts, "cpu", "cpu.cfs_quota_us", "--cpu-quota")
+        period = QUOTA_PERIOD_US
+        for path in self.dirs:
+            if self.v2:
+                _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
+            else:
+                _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
+                _write(os.path.join(path, "cpu.cfs_quota_us"), str(int(cores * period)))
+
+
+class CpuSet(_HostGroups):
     """Cores of its own per namespace host (a cgroup ``cpuset``, v1 or v2): host i runs on ``per_host`` cores of
     this process's affinity, consecutive, host after host, wrapping round when the hosts ask for more cores than
     there are (then hosts share cores, as ``shared`` says). Unlike a quota, which lets every thread of a host run on
@@ -77,36 +84,21 @@ class CpuSet:
     that nothing else runs on: what a real host that owns its cores sees, and its affinity shows it."""
 
     def __init__(self, name: str, hosts: int, per_host: int):
-        v1, v2 = "/sys/fs/cgroup/cpuset", "/sys/fs/cgroup"
-        if os.path.exists(os.path.join(v1, "cpuset.cpus")):
-            self.root, self.v2 = v1, False
-        elif "cpuset" in _read(os.path.join(v2, "cgroup.controllers")).split():
-            self.root, self.v2 = v2, True
-            with open(os.path.join(v2, "cgroup.subtree_control"), "w") as f:
-                f.write("+cpuset")
-        else:
-            raise ConfigError("--cores-per-host needs the cgroup cpuset controller (/sys/fs/cgroup/cpuset or cgroup "
-                              "v2 with cpuset in cgroup.controllers); pass --cores-per-host 0 to run without one")
         cores = sorted(os.sched_getaffinity(0))
         if per_host > len(cores):
             raise ConfigError(f"--cores-per-host {per_host}: this process may run on {len(cores)} core(s) only")
+        super().__init__(name, hosts, "cpuset", "cpuset.cpus", "--cores-per-host")
         self.cores = [[cores[(i * per_host + j) % len(cores)] for j in range(per_host)] for i in range(hosts)]
         self.shared = hosts * per_host > len(cores)
         mems = _read(os.path.join(self.root, "cpuset.mems" if not self.v2 else "cpuset.mems.effective")).strip()
-        self.dirs = []
-        for i in range(hosts):
-            path = os.path.join(self.root, f"{name}-h{i}")
-            os.makedirs(path, exist_ok=True)
-            self.dirs.append(path)
-            _write(os.path.join(path, "cpuset.cpus"), ",".join(map(str, self.cores[i])))
+        for path, mine in zip(self.dirs, self.cores):
+            _write(os.path.join(path, "cpuset.cpus"), ",".join(map(str, mine)))
             if mems:
                 _write(os.path.join(path, "cpuset.mems"), mems)
 
     def describe(self) -> str:
         per = ", ".join(f"host{i} on {','.join(map(str, c))}" for i, c in enumerate(self.cores))
         return f"cores of its own per host ({per}{'; hosts share cores' if self.shared else ''})"
-
-    procs, add, remove = CpuQuota.procs, CpuQuota.add, CpuQuota.remove
 
 
 def _read(path: str) -> str:
@@ -126,7 +118,7 @@ class Cluster:
     """The namespace hosts of one run: ``prefix(i)`` runs a command on host i (inside its CPU quota and cpuset, if
     any)."""
 
-    def __init__(self, state: str, hosts: int, *groups: Optional[Union[CpuQuota, CpuSet]]):
+    def __init__(self, state: str, hosts: int, *groups: Optional[_HostGroups]):
         self.state = state
         self.groups = [g for g in groups if g is not None]
         env = dict(line.strip().split("=", 1) for line in open(os.path.join(state, "env")) if "=" in line)
@@ -181,7 +173,7 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
     burst = burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100))
     # A kill (SIGTERM) unwinds like Ctrl-C, so the namespaces and links go with the run.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    groups: List[Union[CpuQuota, CpuSet]] = []
+    groups: List[_HostGroups] = []
     with tempfile.TemporaryDirectory(prefix="hvdtrain-net-") as state:
         try:
             _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")

@@ -156,6 +156,9 @@ def run(args) -> int:
         args.cpu_quota = 0.0 if args.cores_per_host else DEFAULT_QUOTA
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0 or args.cores_per_host < 0:
         raise ConfigError("--cpu-quota, --cores-per-host, --burst and --warmup must be 0 or more")
+    if args.cores_per_host > len(os.sched_getaffinity(0)):  # before any host is built
+        raise ConfigError(f"--cores-per-host {args.cores_per_host}: this process may run on "
+                          f"{len(os.sched_getaffinity(0))} core(s) only")
     if args.allreduce_paths:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                  rounds=args.rounds, cores_per_host=args.cores_per_host)

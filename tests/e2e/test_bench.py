@@ -315,6 +315,11 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
                        str(tmp_path)), timeout=60)
     assert bad.returncode == 2 and "--frameworks 'torch,dpp': unknown dpp; choose from" in bad.stderr, describe(bad)
     assert len(bad.stderr.strip().splitlines()) == 1 and "hosts up" not in bad.stdout, describe(bad)
+    many = len(os.sched_getaffinity(0)) + 1
+    bad = run(hvdtrain("bench", "network", "--hosts", "2", "--cores-per-host", str(many), "--output-dir",
+                       str(tmp_path)), timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"hvdtrain: error: --cores-per-host {many}: this process may run on {many - 1} core(s) only"], describe(bad)
     result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
                                  "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--cores-per-host", "1",
                                  "--frameworks", "torch,ddp,horovod-torch", timeout=500)
