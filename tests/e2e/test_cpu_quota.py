@@ -1,5 +1,6 @@
 """A rank inside a container's CPU limit (a cgroup quota, which the affinity mask does not show) sizes its threads
-to the limit and says why. Root only: the test makes the cgroup (v1 or v2) with the network benchmark's CpuQuota."""
+to the limit and says why (root only: the test makes the cgroup, v1 or v2, with the network benchmark's CpuQuota);
+a PyTorch rank bound to cores of its own waits for its collectives blocking."""
 import json
 import os
 
@@ -33,3 +34,22 @@ def test_a_rank_in_a_one_core_quota_uses_one_thread_and_says_why(framework, tmp_
     assert cfg["threads_per_rank"] == 1, cfg
     assert cfg["threads_reason"].startswith("the cgroup CPU quota of 1 core(s)"), cfg
     assert "1 thread(s) (the cgroup CPU quota of 1 core(s)" in result.stdout, describe(result)
+
+
+def test_a_pytorch_rank_bound_to_a_core_of_its_own_blocks_while_waiting_and_says_so(tmp_path):
+    """Issue 60, item 2: a rank bound to cores of its own (here `taskset`, as a cpuset or `mpirun --bind-to core`
+    binds it) waits for its collectives blocking; one free to run on every core spins; config.json says which."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or len(cores) < (os.cpu_count() or 0):
+        pytest.skip("needs 2 cores or more, and this process free to run on all of them")
+    chosen = {}
+    for how, bind in (("bound", ["taskset", "-c", str(cores[0])]), ("free", [])):
+        out = str(tmp_path / how)
+        # the suite's own HOROVOD_SPIN_WAIT (tests/helpers.env) unset: hvdtrain's choice
+        result = run(["env", "-u", "HOROVOD_SPIN_WAIT", *bind, PY, "-m", "hvdtrain", "recipe",
+                      "tests.tiny_recipe:TinyTrainer", "--framework", "torch", "--epochs", "1", "--output-dir", out],
+                     timeout=180)
+        assert result.returncode == 0, describe(result)
+        with open(os.path.join(out, "config.json")) as f:
+            chosen[how] = json.load(f)["horovod_spin_wait"]
+    assert chosen == {"bound": "0", "free": "1"}, chosen
