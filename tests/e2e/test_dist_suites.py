@@ -18,7 +18,7 @@ def test_dist_suite(framework, launcher):
              ["tests/dist/test_collectives.py", "tests/dist/test_grouped_allreduce.py"])
     cmd = LAUNCHERS[launcher](PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "--framework", framework)
     # The tests' environment waits for horovod.torch's collectives blocking (tests/helpers.py); under mpirun they wait
-    # as hvdtrain does where a rank's cores are its own: spinning.
+    # spinning, as hvdtrain does for ranks free to run on every core, so that both waits run the suites.
     spin = {"HOROVOD_SPIN_WAIT": "1"} if launcher == "mpirun" else {}
     result = run(cmd, timeout=240, **spin)
     assert result.returncode == 0, describe(result)
