@@ -18,6 +18,12 @@ def own_cores() -> FrozenSet[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+def bound(cores: FrozenSet[int], machine: int = 0) -> bool:
+    """Whether a process that may run on ``cores`` is bound to cores of its own: fewer than the ``machine``'s (0: this
+    machine's count), as a cpuset, a launcher's binding or a container's cores leave it."""
+    return len(cores) < (machine or os.cpu_count() or len(cores))
+
+
 REQUESTED = "--threads or OMP_NUM_THREADS"
 """The reason :func:`thread_budget` gives for a count the user set."""
 
@@ -133,8 +139,7 @@ def estimated_threads(local_size: int, requested: int = 0) -> Tuple[int, str]:
     affinity is the whole machine are taken to share it; a rank bound to fewer cores to own them; a cgroup quota to
     be shared by every rank of the host."""
     mine = own_cores()
-    unbound = len(mine) >= (os.cpu_count() or len(mine))
-    return thread_budget(mine, [mine] * (local_size if unbound else 1), requested, slurm_cpus_per_task(),
+    return thread_budget(mine, [mine] * (1 if bound(mine) else local_size), requested, slurm_cpus_per_task(),
                          cgroup_cpu_quota(), local_size)
 
 
@@ -249,8 +254,7 @@ def spin_wait(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT, r
     quota = cgroup_cpu_quota(proc_cgroup, root)
     if quota is not None and quota[0] / max(1, ranks or launcher_local_size()) < 1.0:
         return "0"
-    cores = own_cores() if cores is None else cores
-    return "0" if len(cores) < (machine or os.cpu_count() or len(cores)) else "1"
+    return "0" if bound(own_cores() if cores is None else cores, machine) else "1"
 
 
 def preload_image_codecs() -> None:

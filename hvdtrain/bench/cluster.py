@@ -76,6 +76,14 @@ class CpuQuota(_HostGroups):
                 _write(os.path.join(path, "cpu.cfs_quota_us"), str(int(cores * period)))
 
 
+def check_cores_per_host(per_host: int) -> List[int]:
+    """The cores this process may run on, sorted; a ConfigError when ``per_host`` asks for more than that."""
+    cores = sorted(os.sched_getaffinity(0))
+    if per_host > len(cores):
+        raise ConfigError(f"--cores-per-host {per_host}: this process may run on {len(cores)} core(s) only")
+    return cores
+
+
 class CpuSet(_HostGroups):
     """Cores of its own per namespace host (a cgroup ``cpuset``, v1 or v2): host i runs on ``per_host`` cores of
     this process's affinity, consecutive, host after host, wrapping round when the hosts ask for more cores than
@@ -84,9 +92,7 @@ class CpuSet(_HostGroups):
     that nothing else runs on: what a real host that owns its cores sees, and its affinity shows it."""
 
     def __init__(self, name: str, hosts: int, per_host: int):
-        cores = sorted(os.sched_getaffinity(0))
-        if per_host > len(cores):
-            raise ConfigError(f"--cores-per-host {per_host}: this process may run on {len(cores)} core(s) only")
+        cores = check_cores_per_host(per_host)
         super().__init__(name, hosts, "cpuset", "cpuset.cpus", "--cores-per-host")
         self.cores = [[cores[(i * per_host + j) % len(cores)] for j in range(per_host)] for i in range(hosts)]
         self.shared = hosts * per_host > len(cores)

@@ -40,7 +40,7 @@ from typing import Dict, Sequence
 
 from ..config import ConfigError
 from .arms import ARMS, _arm, _single, parse_arms
-from .cluster import QUOTA_PERIOD_US, shaped_cluster
+from .cluster import QUOTA_PERIOD_US, check_cores_per_host, shaped_cluster
 from .collectives import (FRONTENDS, _collectives_rows, _print_collectives, _print_paths, allreduce_paths,
                           collectives_only, gradient_bytes)
 from .costmodel import rate_bits
@@ -156,9 +156,7 @@ def run(args) -> int:
         args.cpu_quota = 0.0 if args.cores_per_host else DEFAULT_QUOTA
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0 or args.cores_per_host < 0:
         raise ConfigError("--cpu-quota, --cores-per-host, --burst and --warmup must be 0 or more")
-    if args.cores_per_host > len(os.sched_getaffinity(0)):  # before any host is built
-        raise ConfigError(f"--cores-per-host {args.cores_per_host}: this process may run on "
-                          f"{len(os.sched_getaffinity(0))} core(s) only")
+    check_cores_per_host(args.cores_per_host)  # before any host is built
     if args.allreduce_paths:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                  rounds=args.rounds, cores_per_host=args.cores_per_host)
