@@ -173,7 +173,8 @@ def run(args) -> int:
         _print_collectives(result)
         write(args.output_dir, "collectives", result)
         return 0
-    calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota) if args.predict_from else None
+    calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota,
+                                   args.cores_per_host) if args.predict_from else None
     arms = parse_arms(args.frameworks)
     journal = os.path.join(args.output_dir, "network.samples.jsonl")
     if os.path.exists(journal):
@@ -233,7 +234,8 @@ def add_parser(sub) -> None:
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
     p.add_argument("--predict-from", default="",
-                   help="a collectives.json of --collectives-only at the same --rate and --cpu-quota (fitted on "
+                   help="a collectives.json of --collectives-only at the same --rate, --cpu-quota and "
+                        "--cores-per-host (fitted on "
                         "other host counts): print the cost model's step time beside each measured one "
                         "(docs/scaling.md)")
     p.add_argument("--output-dir", default="runs/bench")

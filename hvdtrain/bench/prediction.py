@@ -10,8 +10,9 @@ from ..config import ConfigError
 from .arms import ARMS, TORCH_ARM
 from .costmodel import rate_bits
 
-def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
-    """The ``calibration`` of a collectives.json, checked to be of the same links and quota."""
+def read_calibration(path: str, rate: str, cpu_quota: float, cores_per_host: int = 0) -> Dict:
+    """The ``calibration`` of a collectives.json, checked to be of the same links and emulation (quota and cores per
+    host: a calibration on hosts that own their cores does not predict hosts under a quota, nor the reverse)."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -19,10 +20,12 @@ def read_calibration(path: str, rate: str, cpu_quota: float) -> Dict:
         raise ConfigError(f"--predict-from {path}: cannot read it ({e})")
     if "calibration" not in data:
         raise ConfigError(f"--predict-from {path}: no calibration in it; write one with --collectives-only")
-    if rate_bits(data["rate"]) != rate_bits(rate) or float(data.get("cpu_quota_cores") or 0) != float(cpu_quota):
-        raise ConfigError(f"--predict-from {path}: calibrated at {data['rate']} and "
-                          f"{data.get('cpu_quota_cores') or 0:g} cores per host, not {rate} and {cpu_quota:g}; "
-                          f"calibrate at the same --rate and --cpu-quota")
+    theirs = (data.get("rate", ""), float(data.get("cpu_quota_cores") or 0), int(data.get("cores_per_host") or 0))
+    if (rate_bits(theirs[0]) != rate_bits(rate) or theirs[1] != float(cpu_quota)
+            or theirs[2] != int(cores_per_host)):
+        raise ConfigError(f"--predict-from {path}: calibrated at {theirs[0]}, {theirs[1]:g} cores per host of quota "
+                          f"and {theirs[2]} cores of its own per host, not {rate}, {cpu_quota:g} and "
+                          f"{cores_per_host}; calibrate at the same --rate, --cpu-quota and --cores-per-host")
     cpu = {int(n): ops["allreduce"] for n, ops in (data.get("collectives_cpu_seconds") or {}).items()}
     return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"]),
             "allreduce_cpu_seconds": cpu, "allreduce_link": allreduce_link(data["calibration"])}

@@ -154,6 +154,13 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
     assert by["ps 1 server"] < by["ps server per host"]
     with pytest.raises(ConfigError, match="calibrate at the same --rate"):
         read_calibration(str(path), "500mbit", 0.4)
+    # Hosts that own their cores are another emulation: a quota's calibration does not predict them.
+    with pytest.raises(ConfigError, match="0 cores of its own per host, not 200mbit, 0.4 and 1"):
+        read_calibration(str(path), "200mbit", 0.4, cores_per_host=1)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "cores_per_host": 1}))
+    assert read_calibration(str(path), "200mbit", 0.4, cores_per_host=1)["hosts"] == [2, 3, 4]
+    with pytest.raises(ConfigError, match="--cores-per-host"):
+        read_calibration(str(path), "200mbit", 0.4)
 
 
 def test_a_network_run_under_a_quota_is_predicted_with_the_hosts_cpu_shared(tmp_path):
