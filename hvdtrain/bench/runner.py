@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..config import ConfigError
@@ -88,39 +89,74 @@ def _cpu_times() -> List[int]:
     return [sum(values) - idle, sum(values)]
 
 
-def compare(variants: Dict[str, Callable[[], Any]], rounds: int, journal: str = "") -> Dict[str, Dict]:
+def speed_probe(repeats: int = 3) -> float:
+    """Seconds for a fixed piece of pure-Python work on one core, the fastest of ``repeats``: this process's view of
+    how fast a core of the machine runs now. On a shared host it changes with the load of others (another machine's
+    threads on the same physical cores), which no counter here shows; timed beside every sample, it lets a result
+    say how fast the machine was while the sample ran."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        total = 0
+        for i in range(200_000):
+            total += i * i % 7
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+SLOWED = 0.8
+"""A sample taken while the machine ran below this fraction of its speed at the run's start is flagged."""
+
+
+def compare(variants: Dict[str, Callable[[], Any]], rounds: int, journal: str = "",
+            probe: Callable[[], float] = speed_probe) -> Dict[str, Dict]:
     """Each variant once per round, in alternating order; median, min, max and samples of its img/s, and the median
     fraction of the machine's cores that were busy while it ran. A variant returns its img/s, or a dict with
     ``images_per_sec`` and more figures (kept per round under ``rounds``). ``journal``: a file that gets a JSON line
-    per sample as it is measured, so that a run which fails later (hours, for ``bench network``) keeps them."""
+    per sample as it is measured, so that a run which fails later (hours, for ``bench network``) keeps them.
+    ``probe`` (:func:`speed_probe`) is timed before and after every sample: each sample's ``machine_speed`` is the
+    machine's speed then, as a fraction of its speed before the first sample, and a warning names the samples taken
+    below :data:`SLOWED` of it."""
     names = list(variants)
     samples: Dict[str, List[float]] = {n: [] for n in names}
     busy: Dict[str, List[float]] = {n: [] for n in names}
     extra: Dict[str, List[Dict]] = {n: [] for n in names}
+    speeds: Dict[str, List[float]] = {n: [] for n in names}
+    reference = probe()
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             before = _cpu_times()
+            probe_before = probe()
             value = variants[name]()
+            speed = reference / (0.5 * (probe_before + probe()))
             after = _cpu_times()
             fraction = (after[0] - before[0]) / (after[1] - before[1]) if before and after and after[1] > before[1] \
                 else None
             if fraction is not None:
                 busy[name].append(fraction)
+            speeds[name].append(speed)
             if journal:
-                _append_line(journal, {"round": r + 1, "variant": name, "busy": fraction,
+                _append_line(journal, {"round": r + 1, "variant": name, "busy": fraction, "machine_speed": speed,
                                        "sample": value if isinstance(value, dict) else {"images_per_sec": value}})
             if isinstance(value, dict):
                 extra[name].append(value)
                 value = value["images_per_sec"]
             samples[name].append(float(value))
-            print(f"bench: round {r + 1}/{rounds} {name}: {samples[name][-1]:.1f} img/s", flush=True)
+            print(f"bench: round {r + 1}/{rounds} {name}: {samples[name][-1]:.1f} img/s "
+                  f"(machine at {speed:.2f} of its speed at the start)", flush=True)
     out = {}
     for n, s in samples.items():
-        out[n] = {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s}
+        out[n] = {"images_per_sec": statistics.median(s), "min": min(s), "max": max(s), "samples": s,
+                  "machine_speed": speeds[n]}
         if busy[n]:
             out[n]["machine_busy"] = statistics.median(busy[n])
         if extra[n]:
             out[n]["rounds"] = extra[n]
+    slowed = [f"{n} round {i + 1} ({v:.2f})" for n in names for i, v in enumerate(speeds[n]) if v < SLOWED]
+    if slowed:
+        print(f"hvdtrain: warning: the machine ran below {SLOWED:g} of its speed at the start during "
+              f"{len(slowed)} sample(s): {', '.join(slowed)}; others' load on its cores: rerun them or compare only "
+              f"samples of the same speed", file=sys.stderr, flush=True)
     return out
 
 

@@ -43,6 +43,22 @@ def test_a_failure_in_a_later_round_leaves_the_earlier_samples_in_the_journal(tm
     assert [(r["variant"], r["sample"]["images_per_sec"]) for r in rows] == [("steady", 7.0), ("flaky", 5.0)]
 
 
+def test_every_sample_says_how_fast_the_machine_ran_and_a_slowed_one_is_flagged(tmp_path, capsys):
+    """A shared host slows down with others' load (to half its speed here within minutes, with no steal time):
+    the probe timed around each sample says so in the journal, the result and a warning naming the sample."""
+    times = iter([0.1, 0.1, 0.1, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1])  # the reference, then before and after each sample
+    journal = tmp_path / "samples.jsonl"
+    res = compare({"a": lambda: 10.0, "b": lambda: 20.0}, 2, str(journal), probe=lambda: next(times))
+    assert res["a"]["machine_speed"] == [1.0, 1.0]
+    assert res["b"]["machine_speed"] == [pytest.approx(0.5), 1.0]
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [round(r["machine_speed"], 2) for r in rows] == [1.0, 0.5, 1.0, 1.0]
+    err = capsys.readouterr().err
+    assert "below 0.8 of its speed at the start during 1 sample(s): b round 1 (0.50)" in err
+    from hvdtrain.bench.runner import speed_probe
+    assert 0 < speed_probe(1) < 5
+
+
 def test_machine_names_the_processor_and_its_cores():
     info = machine()
     assert info["cores"] == os.cpu_count() and info["cpu"]
