@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import ROOT
 LINK = re.compile(r"\]\(([^)\s]*)\)")
 
 
