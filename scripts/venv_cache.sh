@@ -46,7 +46,7 @@ case "${1:-}" in
     for f in "$snap"/bin/*; do
       [ -e "$f" ] || continue  # an empty bin/
       name=$(basename "$f")
-      if [ "$(head -c ${#MARK} "$f")" = "$MARK" ]; then
+      if [ "$(head -c ${#MARK} "$f" | tr -d '\0')" = "$MARK" ]; then  # a binary's NUL bytes dropped, unwarned
         { echo "#!$bin/python"; tail -n +2 "$f"; } > "$bin/$name"
         chmod +x "$bin/$name"
       else

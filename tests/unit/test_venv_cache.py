@@ -30,6 +30,9 @@ def test_a_restored_venv_links_the_packages_and_runs_its_scripts_with_its_own_py
     tool = first / "bin" / "tinytool"
     tool.write_text(f"#!{first.resolve()}/bin/python\nimport sys, tinypkg\nprint(sys.prefix, tinypkg.VALUE)\n")
     tool.chmod(0o755)
+    binary = first / "bin" / "tinybin"  # a compiled program (NUL bytes in its first ones) is copied as it is
+    binary.write_bytes(b"\x7fELF\x00\x00\x00\x01" + bytes(range(256)))
+    binary.chmod(0o755)
 
     saved = _cache(tmp_path, "save", first, "k1")
     assert saved.returncode == 0 and "kept the installed packages" in saved.stderr, describe(saved)
@@ -37,6 +40,8 @@ def test_a_restored_venv_links_the_packages_and_runs_its_scripts_with_its_own_py
     second = tmp_path / "second" / ".venv"
     restored = _cache(tmp_path, "restore", PY, second, "k1")
     assert restored.returncode == 0 and "restored the installed packages" in restored.stderr, describe(restored)
+    assert "null byte" not in restored.stderr, describe(restored)  # bash's warning on reading the binary
+    assert (second / "bin" / "tinybin").read_bytes() == binary.read_bytes()
     out = subprocess.run([str(second / "bin" / "tinytool")], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == [str(second.resolve()), "42"], out  # the new venv's python, the kept package
     site2 = subprocess.run([str(second / "bin" / "python"), "-c",
