@@ -157,6 +157,16 @@ missing = [c for c in controllers if not built[c]]
 if missing:
     sys.exit("Horovod lacks: " + ", ".join(missing))
 EOF
+  # What horovodrun asks, in a process that has imported no framework (with fix 6 it loads the extension's library
+  # alone, so that library must find torch's and MXNet's libraries by its own RUNPATH).
+  "$PY" - "$expected_controllers" <<'EOF'
+import sys
+from horovod.common import util
+built = {"gloo": util.gloo_built(), "mpi": util.mpi_built()}
+missing = [c for c in sys.argv[1].split() if not built[c]]
+if missing:
+    sys.exit("horovodrun finds no " + ", ".join(missing) + " in this Horovod (horovod.common.util)")
+EOF
 }
 
 installed_matches() {
@@ -261,23 +271,66 @@ export MAKEFLAGS=${MAKEFLAGS:--j$(( $(nproc) + 1 ))}
   exit 1
 }
 whl=$(ls "$work"/dist/horovod-*.whl)
+# The linker wrote into each extension library a RUNPATH that finds torch's and MXNet's libraries by the absolute
+# path of this build's environment (.../site-packages/torch/lib). Installed from the cache into another environment
+# (another clone, another venv) it would point at that one, or at nothing once it is gone, and horovodrun's "built
+# with Gloo?" (fix 6 loads the library without its framework) would answer no. patchelf (installed here when the
+# environment lacks it) rewrites those entries relative to the library ($ORIGIN/../../torch/lib); system entries
+# (Open MPI's) stay as they are. Without patchelf the wheel keeps the absolute paths, and verify_installed discards
+# it in an environment where they no longer lead anywhere.
+patchelf=$(PATH="$venv_bin:$PATH" command -v patchelf || true)
+if [ -z "$patchelf" ]; then
+  "${PIP[@]}" install -q "patchelf>=0.17" >&2 || log "patchelf could not be installed: the wheel's RUNPATH stays absolute"
+  patchelf=$(PATH="$venv_bin:$PATH" command -v patchelf || true)
+fi
+site=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("platlib"))')
 # The key travels inside the wheel's dist-info (readable through importlib.metadata), so an installed Horovod
 # tells which build it is.
-"$PY" - "$whl" "$key" <<'EOF'
-import base64, hashlib, os, sys, zipfile
-whl, key = sys.argv[1], sys.argv[2]
+"$PY" - "$whl" "$key" "$site" "$patchelf" <<'EOF'
+import base64, hashlib, os, subprocess, sys, tempfile, zipfile
+whl, key, site, patchelf = sys.argv[1:5]
+
+
+def relocated(name, content):
+    """The library's RUNPATH with every entry inside the build's site-packages made relative to the library."""
+    if not patchelf or not name.endswith(".so"):
+        return content
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(content)
+        f.flush()
+        old = subprocess.run([patchelf, "--print-rpath", f.name], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        here = os.path.dirname(os.path.join(site, name))
+        inside = lambda p: os.path.isabs(p) and os.path.commonpath([os.path.realpath(p), os.path.realpath(site)]) \
+            == os.path.realpath(site)
+        new = ":".join("$ORIGIN/" + os.path.relpath(p, here) if inside(p) else p for p in old.split(":") if p)
+        if new == old:
+            return content
+        subprocess.run([patchelf, "--set-rpath", new, f.name], check=True)
+        print(f"[build_horovod] {name}: RUNPATH {new}", file=sys.stderr)
+        with open(f.name, "rb") as g:
+            return g.read()
+
+
+def record_line(name, content):
+    digest = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(content)}"
+
+
 tmp = whl + ".tmp"
 with zipfile.ZipFile(whl) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-    names = zin.namelist()
-    distinfo = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+    distinfo = next(n.split("/")[0] for n in zin.namelist() if n.split("/")[0].endswith(".dist-info"))
+    record = f"{distinfo}/RECORD"
+    contents = {item.filename: relocated(item.filename, zin.read(item.filename)) for item in zin.infolist()}
     data = (key + "\n").encode()
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    lines = []
+    for line in contents[record].decode().splitlines():
+        name = line.rsplit(",", 2)[0]
+        lines.append(record_line(name, contents[name]) if name != record and name in contents else line)
+    lines.append(record_line(f"{distinfo}/HVDTRAIN_BUILD_KEY", data))
+    contents[record] = ("\n".join(lines) + "\n").encode()
     for item in zin.infolist():
-        content = zin.read(item.filename)
-        if item.filename == f"{distinfo}/RECORD":
-            content = content.decode().rstrip("\n") + f"\n{distinfo}/HVDTRAIN_BUILD_KEY,sha256={digest},{len(data)}\n"
-            content = content.encode()
-        zout.writestr(item, content)
+        zout.writestr(item, contents[item.filename])
     zout.writestr(f"{distinfo}/HVDTRAIN_BUILD_KEY", data)
 os.replace(tmp, whl)
 EOF

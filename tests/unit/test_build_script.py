@@ -118,3 +118,22 @@ def test_the_supported_pythons_and_frameworks(tmp_path):
     assert verdict("3.13", "mxnet").returncode == 2
     old = verdict("3.9", "torch")
     assert old.returncode == 2 and "supported on Python 3.10-3.13" in old.stderr
+
+
+def test_the_installed_horovod_finds_its_frameworks_libraries_relative_to_itself_in_any_environment():
+    """The cached wheel is installed into every clone's venv: a RUNPATH naming the venv it was built in leads to
+    nothing once that venv is gone, and horovodrun (fix 6 loads the extension's library without its framework) then
+    says Gloo was not built. Every RUNPATH entry inside a Python environment is relative ($ORIGIN/...)."""
+    assert shutil.which("readelf"), "readelf (binutils, which the Horovod build needs) is missing"
+    import horovod
+    libs = [os.path.join(d, f) for d, _, files in os.walk(os.path.dirname(horovod.__file__)) for f in files
+            if f.endswith(".so")]
+    assert libs
+    for lib in libs:
+        dynamic = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+        paths = [p for line in dynamic.splitlines() if "(RUNPATH)" in line or "(RPATH)" in line
+                 for p in line.split("[", 1)[1].rstrip("]").split(":")]
+        assert not [p for p in paths if p.startswith("/") and "site-packages" in p], (lib, paths)
+    r = run([PY, "-c", "from horovod.common import util; import sys; print(util.gloo_built(), "
+                       "'torch' in sys.modules, 'mxnet' in sys.modules)"], timeout=120)
+    assert r.returncode == 0 and r.stdout.split()[-3:] == ["True", "False", "False"], describe(r)
