@@ -146,12 +146,14 @@ ARM_GROUPS = {
     "torch": (TORCH_ARM,),
     "torch-spin": (f"{TORCH_ARM} spin",),
     "torch-block": (f"{TORCH_ARM} block",),
+    "torch-32k": (f"{TORCH_ARM} rcvlowat 32k",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "horovod-torch": ("horovod torch",),
 }
 """What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (as it chooses its wait
 for a collective, and with each wait forced: horovod.torch's spinning wait, what every rank of this benchmark used
-before its hosts showed their quota, and hvdtrain's blocking wait), PyTorch DDP under
+before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo's reads waking at the library's
+32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank), PyTorch DDP under
 torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
 PyTorch arms' efficiency is each against its own run on one host."""
 
@@ -185,6 +187,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                env={"HOROVOD_SPIN_WAIT": "1"}),
         f"{TORCH_ARM} block": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                 env={"HOROVOD_SPIN_WAIT": "0"}),
+        f"{TORCH_ARM} rcvlowat 32k": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+                                                       env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
         "ddp": lambda: _ddp(*common),
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),
