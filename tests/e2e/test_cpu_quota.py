@@ -9,28 +9,33 @@ import pytest
 from tests.helpers import PY, describe, run
 
 
-@pytest.mark.parametrize("framework", ["torch", "mxnet"])
-def test_a_rank_in_a_one_core_quota_uses_one_thread_and_says_why(framework, tmp_path):
+def run_under_quota(cores: float, argv, out: str):
+    """``argv`` run as one process in a new cgroup CPU quota of ``cores`` (skips without root or a cpu controller);
+    (the run's result, its config.json)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to make a cgroup")
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs a machine of 2 cores or more: a 1-core quota must be fewer than the cores")
     from hvdtrain.bench.cluster import CpuQuota
     from hvdtrain.config import ConfigError
     try:
-        quota = CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, 1.0)
+        quota = CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, cores)
     except (ConfigError, OSError) as e:
         pytest.skip(f"no cgroup cpu controller here: {e}")
-    out = str(tmp_path / "out")
     try:
-        script = f'echo $$ > {quota.procs(0)} && exec "$@"'
-        result = run(["sh", "-c", script, "sh", PY, "-m", "hvdtrain", "recipe", "tests.tiny_recipe:TinyTrainer",
-                      "--framework", framework, "--epochs", "1", "--output-dir", out], timeout=180)
+        result = run(["sh", "-c", f'echo $$ > {quota.procs(0)} && exec "$@"', "sh", *argv], timeout=180)
     finally:
         quota.remove()
     assert result.returncode == 0, describe(result)
     with open(os.path.join(out, "config.json")) as f:
-        cfg = json.load(f)
+        return result, json.load(f)
+
+
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_a_rank_in_a_one_core_quota_uses_one_thread_and_says_why(framework, tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a machine of 2 cores or more: a 1-core quota must be fewer than the cores")
+    out = str(tmp_path / "out")
+    result, cfg = run_under_quota(1.0, [PY, "-m", "hvdtrain", "recipe", "tests.tiny_recipe:TinyTrainer",
+                                        "--framework", framework, "--epochs", "1", "--output-dir", out], out)
     assert cfg["threads_per_rank"] == 1, cfg
     assert cfg["threads_reason"].startswith("the cgroup CPU quota of 1 core(s)"), cfg
     assert "1 thread(s) (the cgroup CPU quota of 1 core(s)" in result.stdout, describe(result)
@@ -59,22 +64,8 @@ def test_a_rank_under_half_a_core_wakes_gloos_reads_at_4_kib_and_says_so(tmp_pat
     """Issue 60, item 3: under a quota of less than a core per rank hvdtrain sets HOROVOD_GLOO_RCVLOWAT=4096 for
     Horovod (the ring's allreduce at 4 and 8 hosts sharing cores: 12-15% slower than c10d's with the 32 KiB default,
     within 3-5% with 4 KiB); config.json says what it chose."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a cgroup")
-    from hvdtrain.bench.cluster import CpuQuota
-    from hvdtrain.config import ConfigError
-    try:
-        quota = CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, 0.5)
-    except (ConfigError, OSError) as e:
-        pytest.skip(f"no cgroup cpu controller here: {e}")
     out = str(tmp_path / "out")
-    try:
-        script = f'echo $$ > {quota.procs(0)} && exec "$@"'
-        result = run(["sh", "-c", script, "sh", "env", "-u", "HOROVOD_GLOO_RCVLOWAT", PY, "-m", "hvdtrain", "recipe",
-                      "tests.tiny_recipe:TinyTrainer", "--framework", "torch", "--epochs", "1", "--output-dir", out],
-                     timeout=180)
-    finally:
-        quota.remove()
-    assert result.returncode == 0, describe(result)
-    with open(os.path.join(out, "config.json")) as f:
-        assert json.load(f)["horovod_gloo_rcvlowat"] == "4096"
+    _, cfg = run_under_quota(0.5, ["env", "-u", "HOROVOD_GLOO_RCVLOWAT", PY, "-m", "hvdtrain", "recipe",
+                                   "tests.tiny_recipe:TinyTrainer", "--framework", "torch", "--epochs", "1",
+                                   "--output-dir", out], out)
+    assert cfg["horovod_gloo_rcvlowat"] == "4096", cfg
