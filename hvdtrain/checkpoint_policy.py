@@ -8,13 +8,21 @@ The format: ``hvdtrain.checkpoint`` files (arrays plus a JSON skeleton, never a 
 
     {"trainer": {"epoch", "offset", "global_step", "train_sums", "train_steps", "recipe", "framework", "world_size",
                  "config", "monitor", "tracking"},
-     "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...})}
+     "backend": Backend.state_dict()  ({"model": arrays by structural name, "optimizer": ..., ...}),
+     "statistics_by_rank": a (world size, n) array, in a checkpoint inside an epoch of a job of several ranks}
 
 ``epoch`` epochs are complete, plus the first ``offset`` samples of the next one's order (a checkpoint inside an
 epoch); :class:`Position` is that with the global step, the one position training, elastic commits and checkpoints
 share. Inside an epoch it also carries the training metrics' sums over the epoch's steps so far (``train_sums``,
 averaged over the ranks, over ``train_steps`` steps), so that a resumed epoch's train_loss covers the whole epoch as
 an uninterrupted one does.
+
+Each rank's running statistics (BatchNorm's) follow its own shard of the data until an epoch ends, where they are
+averaged (``Backend.average_statistics``). A checkpoint inside an epoch therefore holds every rank's own statistics
+(``statistics_by_rank``), and a resume at the same world size gives each rank its own back: the records then equal
+the uninterrupted run's exactly. Without them every rank would continue from rank 0's statistics (a mid-epoch
+checkpoint's model) or from their average (a --max-steps stop, which scores the averaged model), and the epoch's
+evaluation would differ. At another world size every rank takes the rows' average.
 """
 from __future__ import annotations
 
@@ -66,13 +74,15 @@ class Checkpointer:
         """--output-dir when it is a URL (``cfg.output_dir`` is its staging copy)."""
         self.written: Optional[Callable[[], Any]] = None
         """Rank 0: called after each checkpoint write (a URL --output-dir pushes the staging copy there)."""
+        self._loaded_statistics: Optional[np.ndarray] = None
+        """Rank 0, between loading a checkpoint and broadcasting it: its ``statistics_by_rank``."""
 
     @property
     def directory(self) -> str:
         return os.path.join(self.cfg.output_dir, "checkpoints")
 
     # --- writing ----------------------------------------------------------------------------------------------------
-    def save(self, at: Position) -> str:
+    def save(self, at: Position, statistics_by_rank: Optional[np.ndarray] = None) -> str:
         """Rank 0: write a checkpoint of position ``at`` atomically and keep the newest K. Returns its path ("" when
         a parameter is not finite and nothing was written)."""
         self.reporter.progress(at.global_step, "checkpoint")
@@ -83,6 +93,8 @@ class Checkpointer:
                              "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),
                              "monitor": self.monitor.state() if self.monitor else None, "tracking": self.tracking},
                  "backend": self.backend.state_dict()}
+        if statistics_by_rank is not None:
+            state["statistics_by_rank"] = statistics_by_rank
         bad = [name for name, value in state["backend"]["model"].items()
                if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all()]
         if bad:  # a NaN gradient that left the loss finite: the weights are gone, the last checkpoint is kept
@@ -93,15 +105,29 @@ class Checkpointer:
         checkpoint.prune(self.directory, self.cfg.keep_checkpoints)
         return path
 
-    def _gather_and_save(self, at: Position, best: bool = False) -> None:
+    def _gather_and_save(self, at: Position, best: bool = False, statistics: Optional[np.ndarray] = None) -> None:
+        """Every rank: ``statistics``, this rank's own running statistics where the model's are no longer its own
+        (a --max-steps stop averaged them to score the model)."""
         # Horovod: state the ranks hold in parts (--shard-optimizer) comes together on rank 0, which writes.
         self.backend.gather_state()
+        by_rank = self._statistics_by_rank(at, statistics)
         if self.backend.rank == 0:
-            path = self.save(at)
+            path = self.save(at, by_rank)
             if path and best:
                 self._keep_as_best(path)
             if path and self.written is not None:
                 self.written()
+
+    def _statistics_by_rank(self, at: Position, own: Optional[np.ndarray]) -> Optional[np.ndarray]:
+        """Every rank, at a checkpoint: inside an epoch of a job of several ranks, every rank's own running
+        statistics as the rows of one array (one collective); None elsewhere. Elastic jobs keep rank 0's: their
+        world changes, and their commits and restores broadcast rank 0's state."""
+        b = self.backend
+        if at.offset == 0 or b.size == 1 or self.cfg.elastic:
+            return None
+        own = b.statistics() if own is None else own
+        # Horovod: every rank's statistics on every rank (all ranks decide alike, from sizes they share).
+        return b.allgather_array(own, "statistics.by_rank") if own.size else None
 
     @property
     def best_directory(self) -> str:
@@ -145,11 +171,13 @@ class Checkpointer:
                   f"{self.directory} (--keep-checkpoints pruned it): best/ will hold the next best epoch",
                   file=sys.stderr)
 
-    def epoch_end(self, at: Position, healthy: bool, best: bool = False) -> None:
-        """Every rank, after an epoch (complete, or cut short by --max-steps at ``at``): a checkpoint where the
-        weights are healthy on every rank (with ``best``, also kept in OUTPUT_DIR/best/), and the elastic commit."""
+    def epoch_end(self, at: Position, healthy: bool, best: bool = False,
+                  statistics: Optional[np.ndarray] = None) -> None:
+        """Every rank, after an epoch (complete, or cut short by --max-steps at ``at``, ``statistics`` then this
+        rank's own running statistics before they were averaged): a checkpoint where the weights are healthy on
+        every rank (with ``best``, also kept in OUTPUT_DIR/best/), and the elastic commit."""
         if healthy:  # never a checkpoint of weights that a non-finite loss may have reached
-            self._gather_and_save(at, best)
+            self._gather_and_save(at, best, statistics)
         self.commit(at, check=False)
 
     def mid_epoch(self, at: Position, health, with_sums: Optional[Callable[[], Position]] = None) -> bool:
@@ -194,7 +222,18 @@ class Checkpointer:
         if not self.cfg.elastic:
             # Horovod: model and optimizer state from rank 0, which loaded the checkpoint.
             self.backend.broadcast_state()
+            if info.get("statistics_by_rank"):
+                self._restore_statistics()
         return Position.from_dict(info)
+
+    def _restore_statistics(self) -> None:
+        """Every rank, resuming from a checkpoint inside an epoch: its own running statistics back (the average of
+        every rank's at another world size)."""
+        b = self.backend
+        # Horovod: the checkpoint's rows from rank 0, which loaded them.
+        rows = b.broadcast_tree(self._loaded_statistics if b.rank == 0 else None)
+        self._loaded_statistics = None
+        b.set_statistics(rows[b.rank] if rows.shape[0] == b.size else rows.mean(axis=0))
 
     def _load_on_root(self) -> Optional[Dict[str, Any]]:
         cfg = self.cfg
@@ -223,11 +262,16 @@ class Checkpointer:
                     f"{path} was written by recipe {meta['recipe']} on {meta['framework']}, not {self.recipe} on "
                     f"{self.backend.name}; pass --resume never or another --output-dir")
             self.backend.load_state_dict(state["backend"])
+            rows = state.get("statistics_by_rank")
+            if rows is not None and rows.shape[1:] != self.backend.statistics().shape:
+                raise checkpoint.CheckpointError(f"its running statistics by rank have shape {rows.shape}, the "
+                                                 f"model's {self.backend.statistics().shape}")
+            self._loaded_statistics = rows
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
             return {"error": f"cannot resume from {path}: {e}"}
         print(f"hvdtrain: resuming from {path} (epoch {meta['epoch']}, step {meta['global_step']})", file=sys.stderr)
         return {**Position.from_dict(meta).as_dict(), "path": path, "monitor": meta.get("monitor"),
-                "tracking": meta.get("tracking")}
+                "tracking": meta.get("tracking"), "statistics_by_rank": rows is not None}
 
     def _local(self, path: str) -> str:
         """--resume PATH as a local file: a URL inside this job's --output-dir URL is its staging copy (pulled at

@@ -268,6 +268,8 @@ class Trainer:
         train = backend.allreduce_mean({**means, "nonfinite": self.health.flag()})
         healthy = self.health.decide(train.pop("nonfinite"), self.global_step)
         self.reporter.progress(self.global_step, "eval")
+        # A stop inside the epoch keeps each rank's own statistics for the checkpoint, from which a resume goes on.
+        own_statistics = backend.statistics() if done < steps else None
         backend.average_statistics()  # the model scored here is the one the checkpoint holds, on every rank
         val = self.evaluate()
         timing, slowest = epoch_timing(self.phases, backend, bool(cfg.profile_steps), done, train_seconds,
@@ -287,7 +289,7 @@ class Trainer:
         # records up to the resumed position). The other order lost the record of an epoch whose checkpoint was kept.
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
-        self.checkpointer.epoch_end(self.position, healthy, best)
+        self.checkpointer.epoch_end(self.position, healthy, best, own_statistics)
         if cfg.elastic:  # after the record is written: a membership change restarts from the commit above
             backend.check_membership()
         return record

@@ -295,11 +295,16 @@ class Backend(abc.ABC):
         return dict(zip(keys, self.allreduce_array(values, "metrics").tolist()))
 
     def allgather_floats(self, values: List[float]) -> List[List[float]]:
-        """Every rank's ``values`` (the same length on each), in rank order: one allreduce of a zero-padded vector."""
-        n = len(values)
+        """Every rank's ``values`` (the same length on each), in rank order."""
+        return self.allgather_array(np.asarray(values, dtype=np.float64), "gather").tolist()
+
+    def allgather_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+        """Every rank's float64 vector ``values`` (the same length on each) as the rows of a (size, n) array, in rank
+        order: one allreduce of a zero-padded vector, so every value arrives exactly."""
+        n = values.size
         buf = np.zeros(self.size * n, dtype=np.float64)
         buf[self.rank * n:(self.rank + 1) * n] = values
-        return self.allreduce_array(buf, "gather").reshape(self.size, n).tolist()
+        return self.allreduce_array(buf, tag).reshape(self.size, n)
 
     def allreduce_mean(self, metrics: Dict[str, Any]) -> Dict[str, float]:
         summed = self.allreduce_sum(metrics)
@@ -354,10 +359,22 @@ class Backend(abc.ABC):
         """Collective, on every rank before rank 0 calls :meth:`state_dict` for a checkpoint: bring together state
         that the ranks hold in parts (--shard-optimizer's optimizer state). Nothing to do otherwise."""
 
+    def statistics(self) -> np.ndarray:
+        """This rank's running statistics (BatchNorm's mean and variance: state that no gradient updates) as one
+        float64 vector, in the model's order (exact for float32, float16 and bfloat16 values); empty without any."""
+        return np.zeros(0)
+
+    def set_statistics(self, values: np.ndarray) -> None:
+        """Set the running statistics from a vector of :meth:`statistics`' layout, each in its own dtype."""
+
     def average_statistics(self) -> None:
-        """Average the model's running statistics (BatchNorm's mean and variance: state that no gradient updates)
-        across ranks. Each rank gathers them from its own shard, so without this the validation set is scored with
-        a different model on each rank, and the checkpoint holds rank 0's, which scores differently again."""
+        """Average the model's running statistics across ranks. Each rank gathers them from its own shard, so
+        without this the validation set is scored with a different model on each rank, and the checkpoint holds
+        rank 0's, which scores differently again."""
+        own = self.statistics()
+        if self.size > 1 and own.size:
+            # Horovod: one allreduce of every running statistic: the model evaluated and saved is the same on each rank.
+            self.set_statistics(self.allreduce_array(own, "statistics") / self.size)
 
     # --- a model's weights outside the loop: --init-from, eval, export ---------------------------------------------
     weight_naming: str = ""

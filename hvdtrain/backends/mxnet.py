@@ -592,18 +592,21 @@ class MXNetBackend(Backend):
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
-    def average_statistics(self) -> None:
-        nd = self.mx.nd
-        stats = [p for p in self._structural_params().values() if not p._differentiable]  # running mean, var
-        if self.size == 1 or not stats:
-            return
-        flat = nd.concat(*[p.data(self.ctx).reshape(-1).astype("float32") for p in stats], dim=0)
-        # Horovod: one allreduce of every running statistic: the model evaluated and saved is the same on each rank.
-        flat = self.hvd.allreduce(flat, op=self.hvd.Average, name=f"hvdtrain.statistics.{self._op()}")
+    def _statistics_params(self) -> List[Any]:
+        return [p for p in self._structural_params().values() if not p._differentiable]  # running mean and var
+
+    def statistics(self) -> np.ndarray:
+        stats = self._statistics_params()
+        # (through float32, which every floating dtype of MXNet's converts to exactly, bfloat16 included)
+        return (np.concatenate([p.data(self.ctx).astype("float32").asnumpy().reshape(-1) for p in stats])
+                .astype(np.float64) if stats else np.zeros(0))
+
+    def set_statistics(self, values: np.ndarray) -> None:
         offset = 0
-        for p in stats:
+        for p in self._statistics_params():
             n = int(np.prod(p.shape))
-            p.set_data(flat[offset:offset + n].reshape(p.shape).astype(p.dtype))
+            value = self.mx.nd.array(values[offset:offset + n].reshape(p.shape), ctx=self.ctx, dtype="float32")
+            p.set_data(value.astype(p.dtype))
             offset += n
 
     # --- a model's weights outside the loop ------------------------------------------------------------------------

@@ -542,16 +542,17 @@ class TorchBackend(Backend):
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
-    def average_statistics(self) -> None:
-        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        if self.size == 1 or not buffers:
-            return
-        flat = torch.cat([b.detach().reshape(-1).float() for b in buffers])
-        # Horovod: one allreduce of every running statistic: the model evaluated and saved is the same on each rank.
-        flat = self.hvd.allreduce(flat, op=self.hvd.Average, name="hvdtrain.statistics")
+    def _statistics_buffers(self) -> List[Any]:
+        return [b for b in self.model.buffers() if b.is_floating_point()]  # running mean and var, not the counts
+
+    def statistics(self) -> np.ndarray:
+        buffers = self._statistics_buffers()
+        return (torch.cat([b.detach().reshape(-1).double() for b in buffers]).numpy() if buffers else np.zeros(0))
+
+    def set_statistics(self, values: np.ndarray) -> None:
         offset = 0
-        for b in buffers:
-            b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        for b in self._statistics_buffers():
+            b.copy_(torch.from_numpy(values[offset:offset + b.numel()]).view_as(b))  # in b's dtype
             offset += b.numel()
 
     # --- a model's weights outside the loop ------------------------------------------------------------------------
