@@ -13,10 +13,12 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
   ``outputs``; the target as numpy; the recipe's loss as (sum, weight) by :meth:`Task.loss_total`; the number of
   samples).
 - ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
-  ``allreduce_mean`` (metrics across ranks, returned as floats) and ``allgather_floats``.
+  ``allreduce_mean`` (metrics across ranks, returned as floats), ``allgather_array`` and ``allgather_floats``.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled);
   ``broadcast_tree``: a nested state with numpy arrays, in the checkpoint format.
 - ``set_lr`` / ``get_lr``, ``seed``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
+- ``statistics`` / ``set_statistics``: the model's running statistics (BatchNorm's) as one vector, which
+  ``average_statistics`` averages before an evaluation and a checkpoint inside an epoch keeps by rank.
 - ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
 """
 from __future__ import annotations
