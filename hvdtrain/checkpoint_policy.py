@@ -82,9 +82,11 @@ class Checkpointer:
         return os.path.join(self.cfg.output_dir, "checkpoints")
 
     # --- writing ----------------------------------------------------------------------------------------------------
-    def save(self, at: Position, statistics_by_rank: Optional[np.ndarray] = None) -> str:
+    def save(self, at: Position, statistics_by_rank: Optional[np.ndarray] = None,
+             model_statistics: Optional[np.ndarray] = None) -> str:
         """Rank 0: write a checkpoint of position ``at`` atomically and keep the newest K. Returns its path ("" when
-        a parameter is not finite and nothing was written)."""
+        a parameter is not finite and nothing was written). ``model_statistics``: the running statistics the saved
+        model holds in place of rank 0's own (which stay in the model being trained)."""
         self.reporter.progress(at.global_step, "checkpoint")
         if self.tracking_ready is not None:
             self.tracking_ready()
@@ -92,7 +94,7 @@ class Checkpointer:
                              "train_sums": at.train_sums, "train_steps": at.train_steps, "recipe": self.recipe, "framework": self.backend.name,
                              "world_size": self.backend.size, "config": json.loads(self.cfg.to_json()),
                              "monitor": self.monitor.state() if self.monitor else None, "tracking": self.tracking},
-                 "backend": self.backend.state_dict()}
+                 "backend": self._backend_state(model_statistics)}
         if statistics_by_rank is not None:
             state["statistics_by_rank"] = statistics_by_rank
         bad = [name for name, value in state["backend"]["model"].items()
@@ -105,14 +107,27 @@ class Checkpointer:
         checkpoint.prune(self.directory, self.cfg.keep_checkpoints)
         return path
 
+    def _backend_state(self, statistics: Optional[np.ndarray]) -> Dict[str, Any]:
+        if statistics is None:
+            return self.backend.state_dict()
+        own = self.backend.statistics()
+        self.backend.set_statistics(statistics)
+        try:
+            return self.backend.state_dict()
+        finally:
+            self.backend.set_statistics(own)
+
     def _gather_and_save(self, at: Position, best: bool = False, statistics: Optional[np.ndarray] = None) -> None:
         """Every rank: ``statistics``, this rank's own running statistics where the model's are no longer its own
-        (a --max-steps stop averaged them to score the model)."""
+        (a --max-steps stop averaged them to score the model). A checkpoint inside an epoch without them (a
+        --checkpoint-every-steps one) saves the model with the ranks' average, as an evaluation there would score
+        it, not with rank 0's own."""
         # Horovod: state the ranks hold in parts (--shard-optimizer) comes together on rank 0, which writes.
         self.backend.gather_state()
         by_rank = self._statistics_by_rank(at, statistics)
         if self.backend.rank == 0:
-            path = self.save(at, by_rank)
+            path = self.save(at, by_rank, by_rank.mean(axis=0) if by_rank is not None and statistics is None
+                             else None)
             if path and best:
                 self._keep_as_best(path)
             if path and self.written is not None:

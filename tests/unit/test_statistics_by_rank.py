@@ -42,7 +42,7 @@ class Rank:
         pass
 
     def state_dict(self):
-        return {"model": {"w": np.ones(2, np.float32)}}
+        return {"model": {"w": np.ones(2, np.float32), "running": self.stats.copy()}}
 
     def load_state_dict(self, state):
         pass
@@ -92,6 +92,19 @@ def resume(tmp_path, size):
 def test_a_checkpoint_inside_an_epoch_holds_every_ranks_statistics_and_each_rank_resumes_with_its_own(tmp_path):
     saved = write_stopped_checkpoint(tmp_path)
     np.testing.assert_array_equal(saved["statistics_by_rank"], ROWS)
+    for rank, stats in enumerate(resume(tmp_path, 2)):
+        np.testing.assert_array_equal(stats, ROWS[rank])
+
+
+def test_a_checkpoint_every_n_steps_saves_the_model_with_the_ranks_average_and_trains_on_with_rank_0s_own(tmp_path):
+    """Its model is what an evaluation at that step would score (as at an epoch's end), not rank 0's statistics."""
+    saver = checkpointer(tmp_path, 0, 2, [])
+    saver.backend.stats = ROWS[0].copy()
+    saver._gather_and_save(Position(1, 72, 9))
+    saved = checkpoint.load(checkpoint.latest_valid(saver.directory))
+    np.testing.assert_array_equal(saved["backend"]["model"]["running"], ROWS.mean(axis=0))
+    np.testing.assert_array_equal(saved["statistics_by_rank"], ROWS)
+    np.testing.assert_array_equal(saver.backend.stats, ROWS[0])
     for rank, stats in enumerate(resume(tmp_path, 2)):
         np.testing.assert_array_equal(stats, ROWS[rank])
 
