@@ -278,9 +278,10 @@ class Checkpointer:
                     f"{self.backend.name}; pass --resume never or another --output-dir")
             self.backend.load_state_dict(state["backend"])
             rows = state.get("statistics_by_rank")
-            if rows is not None and rows.shape[1:] != self.backend.statistics().shape:
+            ours = self.backend.statistics().shape if rows is not None else None
+            if rows is not None and rows.shape[1:] != ours:
                 raise checkpoint.CheckpointError(f"its running statistics by rank have shape {rows.shape}, the "
-                                                 f"model's {self.backend.statistics().shape}")
+                                                 f"model's {ours}")
             self._loaded_statistics = rows
         except (checkpoint.CheckpointError, KeyError, TypeError, ValueError, RuntimeError) as e:
             return {"error": f"cannot resume from {path}: {e}"}
