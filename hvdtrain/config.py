@@ -119,6 +119,12 @@ class TrainConfig:
     registered first; N cuts them into N runs of about equal bytes), so the first is sent while the pass runs; they
     honour --predivide, run no pickled collective, and count a gradient a rank did not compute as zeros (Horovod's
     own grouped path does none of these)."""
+    overlap_forward: bool = False
+    """PyTorch, grouped allreduces: the largest gradient of the first group is sent in two halves with the other
+    groups between them, and its parameter is updated when the next step's forward pass reaches its layer, so that
+    the forward pass through the layers before it runs while its second half is on the wire (the update is the same,
+    to the bit). For networks whose gradients are mostly one late layer (a large fully connected head) on links slow
+    enough that the allreduce outlasts the compute."""
     shard_optimizer: bool = False
     """Shard the optimizer update across ranks (ZeRO stage 1, PyTorch's ZeroRedundancyOptimizer, here on both
     frameworks): the gradients go as one reduce-scatter, each rank updates 1/size of the weights and keeps 1/size of
@@ -293,6 +299,17 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.mixup < 0 or self.mixup_off_epoch < 0:
             raise ConfigError("--mixup and --mixup-off-epoch must be 0 or more")
+        if self.overlap_forward:
+            clash = [f for f, on in (("--framework mxnet", self.framework != "torch"), ("--elastic", self.elastic),
+                                     ("--adasum", self.adasum), ("--shard-optimizer", self.shard_optimizer),
+                                     ("--allreduce-groups 0", self.allreduce_groups == 0),
+                                     ("--compile", self.compile), ("--precision fp16", self.precision == "fp16"),
+                                     ("--loss-scale dynamic", self.loss_scale == "dynamic")) if on]
+            if clash:
+                raise ConfigError(f"--overlap-forward cannot be combined with {clash[0]}: it needs PyTorch's grouped "
+                                  f"allreduces (--allreduce-groups -1 or N), eager modules whose forward pass it can "
+                                  f"hook, and an update that does not need every gradient at once (a loss scale's "
+                                  f"overflow check does)")
         if self.elastic and self.framework != "torch":
             raise ConfigError(f"--elastic is available on --framework torch only: Horovod has no elastic mode for "
                               f"{self.framework}; recover by checkpoint restart (--resume auto) instead")

@@ -20,6 +20,8 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
 - ``statistics`` / ``set_statistics``: the model's running statistics (BatchNorm's) as one vector, which
   ``average_statistics`` averages before an evaluation and a checkpoint inside an epoch keeps by rank.
 - ``loader(dataset, sampler, batch_size, drop_last)``: batches on the device.
+- ``settle()``: apply any update a step left to the next forward pass (PyTorch's ``--overlap-forward``); the
+  backend's own readers of the model call it, and so does a callback that reads the weights between two steps.
 """
 from __future__ import annotations
 
@@ -368,6 +370,10 @@ class Backend(abc.ABC):
 
     def set_statistics(self, values: np.ndarray) -> None:
         """Set the running statistics from a vector of :meth:`statistics`' layout, each in its own dtype."""
+
+    def settle(self) -> None:
+        """Apply any parameter update that a step left for the next forward pass to make (PyTorch's
+        ``--overlap-forward``); nothing where none waits."""
 
     def average_statistics(self) -> None:
         """Average the model's running statistics across ranks. Each rank gathers them from its own shard, so

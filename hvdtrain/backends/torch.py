@@ -118,6 +118,7 @@ class TorchBackend(Backend):
         self.loss_fn = None
         self.amp_dtype = None
         self.sharded = False
+        self.late = None  # --overlap-forward's parameter (torch_groups.LateParameter)
 
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
@@ -192,7 +193,7 @@ class TorchBackend(Backend):
         elif groups:  # grouped allreduces in the backward pass's order, --predivide honoured, no pickled collective,
             # unused gradients as 0 (torch_groups)
             self.optimizer = distributed_optimizer(make_optimizer(params), named, compression, cfg.accumulate,
-                                                   cfg.predivide, groups)
+                                                   cfg.predivide, groups, cfg.overlap_forward)
         else:
             # Horovod: average gradients across ranks in the backward pass (fused allreduce in the background
             # thread); accumulation sums `accumulate` backward passes locally before one allreduce.
@@ -204,8 +205,39 @@ class TorchBackend(Backend):
         self.adasum_step = cfg.adasum and self.size > 1
         if cfg.dynamic_loss_scale(self.precision):
             self.scaler = torch.amp.GradScaler(self.device.type)
+        self.late = None
+        if cfg.overlap_forward:
+            self._overlap_forward(groups)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
             self.broadcast_state()
+
+    def _overlap_forward(self, groups: int) -> None:
+        """--overlap-forward: the first group's largest parameter updated as the next forward pass reaches its layer
+        (torch_groups.LateParameter)."""
+        if not groups:
+            raise ConfigError("--overlap-forward needs grouped allreduces, which this run does not use (they are off "
+                              "on a GPU by default): add --allreduce-groups N, or drop --overlap-forward")
+        if self.scaler is not None:
+            raise ConfigError(f"--overlap-forward cannot be combined with a dynamic loss scale (--precision "
+                              f"{self.precision} chose one): its overflow check needs every gradient before any "
+                              f"update; choose --precision bf16 or fp32, or --loss-scale none")
+        self.late = self.optimizer._late
+        if self.late is None:
+            if self.rank == 0:
+                print("hvdtrain: warning: --overlap-forward does nothing here: the gradients go as one group, so "
+                      "no layer's forward pass can run before the last of them arrives", file=sys.stderr, flush=True)
+            return
+        self.late.hook(self.optimizer, self.model)
+        if self.rank == 0:
+            name = self.optimizer._parameter_names.get(self.late.param)
+            print(f"hvdtrain: --overlap-forward: {name} ({self.late.param.numel() * self.late.param.element_size()} "
+                  f"bytes of gradient) is sent in two halves and updated as the next forward pass reaches its layer",
+                  flush=True)
+
+    def settle(self) -> None:
+        # --overlap-forward: the update that waits for its layer's next forward pass, before the model is read.
+        if self.late is not None:
+            self.late.settle(self.optimizer)
 
     def _compile(self, cfg) -> None:
         """--compile: the model's blocks compiled in place (torch_compile), before Horovod's hooks are registered on
@@ -250,6 +282,7 @@ class TorchBackend(Backend):
         return not any(float(v.item()) for v in getattr(self, "_found_inf", []))
 
     def broadcast_state(self) -> None:
+        self.settle()
         # Horovod: every rank starts from rank 0's weights and buffers.
         self.hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         # Horovod: and from its optimizer state (momentum, step counts) and loss scale, as arrays plus JSON.
@@ -306,6 +339,8 @@ class TorchBackend(Backend):
         self._elastic_state.check_host_updates()
 
     def shutdown(self, failed: bool = False) -> None:
+        if not failed:
+            self.settle()
         if self.hvd is not None and self.hvd.is_initialized():
             self.hvd.shutdown()
 
@@ -372,6 +407,8 @@ class TorchBackend(Backend):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+            elif self.late is not None:  # --overlap-forward: all but the late parameter, updated at its layer
+                self.late.step(self.optimizer)
             else:
                 self.optimizer.step()
         self.optimizer.zero_grad()
@@ -379,6 +416,7 @@ class TorchBackend(Backend):
 
     @torch.no_grad()
     def eval_step(self, batch: Any, outputs: bool = True) -> Tuple[Any, Any, float, int]:
+        self.settle()
         self.model.eval()
         inputs, y = self.task.split(batch)
         with self._autocast():
@@ -523,8 +561,11 @@ class TorchBackend(Backend):
         return self.scaler.get_scale() if self.scaler is not None else None
 
     def state_dict(self) -> Dict[str, Any]:
-        state = {"model": _to_numpy(self.model.state_dict()),
-                 "optimizer": _to_numpy(self.optimizer.state_dict())}
+        self.settle()
+        optimizer = self.optimizer.state_dict()
+        # In the parameters' order, as a step creates it: --overlap-forward's late parameter gets its state last.
+        optimizer["state"] = dict(sorted(optimizer["state"].items()))
+        state = {"model": _to_numpy(self.model.state_dict()), "optimizer": _to_numpy(optimizer)}
         if self.scaler is not None:
             state["scaler"] = _to_numpy(self.scaler.state_dict())
         return state
@@ -534,9 +575,11 @@ class TorchBackend(Backend):
             self.optimizer.gather_state()
 
     def parameters_numpy(self) -> Dict[str, Any]:
+        self.settle()
         return _to_numpy(self.model.state_dict())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.settle()
         self.assign_model_arrays(state["model"])
         self.optimizer.load_state_dict(_to_torch(state["optimizer"]))
         if self.scaler is not None and "scaler" in state:
@@ -560,9 +603,11 @@ class TorchBackend(Backend):
     exports_onnx = True
 
     def model_arrays(self, model: Any = None) -> Dict[str, np.ndarray]:
+        self.settle()
         return _to_numpy((model or self.model).state_dict())
 
     def assign_model_arrays(self, arrays: Dict[str, np.ndarray], model: Any = None) -> None:
+        self.settle()
         (model or self.model).load_state_dict(_to_torch(dict(arrays)), strict=True)
 
     def prepare_model(self, model: Any, sample_shape) -> Any:

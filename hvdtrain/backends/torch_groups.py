@@ -25,7 +25,7 @@ Registration order is the same on every rank that builds the model with the same
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 BUCKETS = -1
 """``groups`` for DDP's buckets: the first closed at FIRST_BUCKET_BYTES, each of the others at BUCKET_BYTES."""
@@ -92,16 +92,153 @@ def _register_hooks(self) -> None:
         self._groups = groups
 
 
+def _scales(self) -> Tuple[float, float]:
+    """As the per-gradient path: the average split into a division before the sum and the rest after it."""
+    from horovod.torch.mpi_ops import Average
+    return (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) if self.op == Average else (1.0, 1.0)
+
+
 def _grouped_allreduce_grad_async(self, ps: Tuple[Any, ...]):
-    from horovod.torch.mpi_ops import Average, grouped_allreduce_async_
-    name = self._parameter_names.get(ps[0])
-    tensors, ctxs = zip(*[self._compression.compress(p.grad) for p in ps])
-    # As the per-gradient path: the average split into a division before the sum and the rest after it.
-    pre, post = (1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) if self.op == Average \
-        else (1.0, 1.0)
-    handle = grouped_allreduce_async_(tensors, name=name, op=self.op, prescale_factor=pre, postscale_factor=post,
-                                      process_set=self.process_set)
+    from horovod.torch.mpi_ops import grouped_allreduce_async_
+    late = self._late
+    grads = [p.grad for p in ps]
+    first = late is not None and any(p is late.param for p in ps)
+    if first:  # the first group: the late parameter's first half only
+        grads = [late.head() if p is late.param else g for p, g in zip(ps, grads)]
+    tensors, ctxs = zip(*[self._compression.compress(g) for g in grads])
+    if first:
+        # Horovod writes the group's results into its gradients (p.grad.set_(result)); the half's result goes into
+        # the half and the whole gradient is what the parameter keeps (_Halves.decompress).
+        ctxs = tuple(_Half(ctx, g, late.param.grad) if p is late.param else ctx for p, g, ctx in zip(ps, grads, ctxs))
+    pre, post = _scales(self)
+    handle = grouped_allreduce_async_(tensors, name=self._parameter_names.get(ps[0]), op=self.op,
+                                      prescale_factor=pre, postscale_factor=post, process_set=self.process_set)
+    if late is not None and any(p is late.after for p in ps):
+        late.send(self)  # the second half, queued behind this group
     return handle, ctxs
+
+
+class _Half:
+    """The compression context of the late parameter's first half: its own context, the half (a view of the whole
+    gradient, where the result goes) and the whole gradient (what Horovod's synchronize sets the gradient to)."""
+
+    def __init__(self, ctx, half, whole):
+        self.ctx, self.half, self.whole = ctx, half, whole
+
+
+class _Halves:
+    """The optimizer's compression with :class:`_Half` contexts understood: the half's result written into the
+    half, the whole gradient returned. Other contexts go to the compression as they are."""
+
+    def __init__(self, compression):
+        self.compression = compression
+
+    def compress(self, tensor):
+        return self.compression.compress(tensor)
+
+    def decompress(self, tensor, ctx):
+        if not isinstance(ctx, _Half):
+            return self.compression.decompress(tensor, ctx)
+        _into(ctx.half, self.compression.decompress(tensor, ctx.ctx))
+        return ctx.whole
+
+
+def _into(destination, result) -> None:
+    """An allreduce's result into ``destination`` (a copy unless the allreduce ran in place)."""
+    if result.data_ptr() != destination.data_ptr():
+        destination.copy_(result)
+
+
+class LateParameter:
+    """--overlap-forward: the largest gradient of the group the backward pass completes first (``param``, of a layer
+    near the output), sent in two halves: the first with its group, the second after the group the backward pass
+    completes last (``after``, the first layers'). synchronize() then waits for everything but the second half, and
+    the step updates every other parameter; the parameter itself is updated by :meth:`settle`, which the module
+    that owns it calls as the next forward pass reaches it (a forward pre-hook), and the backend before anything
+    reads the model.
+
+    On the wire the order is: the first group's gradients with the first half; the other groups; the second half. So
+    the first layers' update and the next forward pass through them run while the second half is sent, where
+    before the link stood idle from the end of the allreduce to the next step's backward pass reaching this layer.
+
+    Every rank submits the same tensors under the same names, each once per step, in the order the backward pass
+    makes them (as without the split): no rank waits for a collective another rank has not submitted. The second
+    half is scaled by half before the sum and twice after it, which Horovod's fusion cannot join to the group
+    before it (responses fuse only at equal scale factors) and which leaves every value as it was (a power of two);
+    the update uses the rate of the step that computed the gradient."""
+
+    def __init__(self, param, after: Tuple[Any, ...]):
+        self.param, self.after = param, after[0]
+        self.half = param.numel() // 2
+        self.pending = None  # (handle, context, the second half) while it is on the wire
+        self.grad = None  # the gradient while the step waits for it
+        self.rates: Optional[List[float]] = None
+        self.module = None
+
+    def head(self):
+        return self.param.grad.view(-1)[:self.half]
+
+    def send(self, optimizer) -> None:
+        from horovod.torch.mpi_ops import grouped_allreduce_async_
+        if self.pending is not None or self.grad is not None:
+            raise RuntimeError(f"--overlap-forward: the update of {optimizer._parameter_names.get(self.param)} from "
+                               f"the last step was not applied before the parameter was used again: the model uses "
+                               f"it outside its module's forward pass, which is where the update is hooked; run "
+                               f"without --overlap-forward")
+        if self.param.grad is None:  # this rank did not use the layer: its gradient counts as zeros
+            self.param.grad = self.param.data.new_zeros(self.param.size())
+        tail = self.param.grad.view(-1)[self.half:]
+        tensor, ctx = optimizer._compression.compress(tail)
+        pre, post = _scales(optimizer)
+        handle = grouped_allreduce_async_([tensor], name=f"{optimizer._parameter_names.get(self.param)}.second_half",
+                                          op=optimizer.op, prescale_factor=pre * 0.5, postscale_factor=post * 2.0,
+                                          process_set=optimizer.process_set)
+        self.pending = (handle, ctx, tail)
+
+    def step(self, optimizer) -> None:
+        """The optimizer's step for every parameter but this one, whose gradient is kept for :meth:`settle`."""
+        if self.pending is None:
+            optimizer.step()
+            return
+        self.grad, self.param.grad = self.param.grad, None
+        self.rates = [group["lr"] for group in optimizer.param_groups]
+        optimizer.step()
+
+    def settle(self, optimizer) -> None:
+        """Wait for the second half and update the parameter with it, at the rates of the step that computed it;
+        nothing when no update waits."""
+        if self.pending is None:
+            return
+        from horovod.torch.mpi_ops import synchronize
+        handle, ctx, tail = self.pending
+        self.pending = None
+        _into(tail, optimizer._compression.decompress(synchronize(handle)[0], ctx))
+        if self.grad is None:  # step() never ran (the step was abandoned): the gradient is dropped
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        others = [(p, p.grad) for p in params if p is not self.param and p.grad is not None]
+        rates = [group["lr"] for group in optimizer.param_groups]
+        try:
+            for p, _ in others:
+                p.grad = None
+            for group, rate in zip(optimizer.param_groups, self.rates):
+                group["lr"] = rate
+            self.param.grad, self.grad = self.grad, None
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        finally:
+            self.param.grad = None
+            for group, rate in zip(optimizer.param_groups, rates):
+                group["lr"] = rate
+            for p, grad in others:
+                p.grad = grad
+
+    def hook(self, optimizer, model) -> None:
+        """The forward pre-hook on the module that owns the parameter: the update lands before the layer runs."""
+        owner = next((m for m in model.modules() if any(q is self.param for q in m._parameters.values())), None)
+        if owner is None:
+            raise ValueError("the parameter to update late belongs to no module of the model")
+        self.module = owner.register_forward_pre_hook(lambda module, args: self.settle(optimizer))
 
 
 def _make_synchronize(horovod_synchronize):
@@ -123,19 +260,33 @@ def _make_synchronize(horovod_synchronize):
     return synchronize
 
 
+def _settle(self) -> None:
+    """--overlap-forward: the late parameter's update, if one waits (:meth:`LateParameter.settle`)."""
+    if self._late is not None:
+        self._late.settle(self)
+
+
 def distributed_optimizer(optimizer, named_parameters: Iterable, compression, backward_passes_per_step: int,
-                          predivide: float, groups: int):
+                          predivide: float, groups: int, overlap_forward: bool = False):
     """``hvd.DistributedOptimizer(optimizer, ..., op=Average, groups=groups)`` with the grouped path fixed (see the
-    module docstring); ``groups`` > 0, or :data:`BUCKETS`; ``named_parameters`` in the model's registration order."""
+    module docstring); ``groups`` > 0, or :data:`BUCKETS`; ``named_parameters`` in the model's registration order.
+    ``overlap_forward``: the first group's largest gradient as a :class:`LateParameter` (``optimizer._late``; None
+    when the groups are one)."""
     named_parameters = list(named_parameters)
     from horovod.torch.mpi_ops import Average
     from horovod.torch.optimizer import _DistributedOptimizer
     methods = dict(_DistributedOptimizer.__dict__)
     methods.update(_register_hooks=_register_hooks, _grouped_allreduce_grad_async=_grouped_allreduce_grad_async,
-                   synchronize=_make_synchronize(_DistributedOptimizer.synchronize))
+                   synchronize=_make_synchronize(_DistributedOptimizer.synchronize), _late=None, settle=_settle)
     # One class level above the user's optimizer, as Horovod builds it: its __init__ calls super(self.__class__).
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     # The groups as Horovod's list form (which its own _register_hooks would broadcast; ours takes them as they are).
     planned = [list(group) for group in plan([p for _, p in named_parameters], groups)]
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, Average, predivide,
-               planned)
+    late = None
+    if overlap_forward and len(planned) > 1:
+        late = LateParameter(max(planned[0], key=lambda p: p.numel()), tuple(planned[-1]))
+        compression = _Halves(compression)
+    built = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, Average, predivide,
+                planned)
+    built._late = late
+    return built

@@ -57,3 +57,16 @@ def test_auto_is_ddps_buckets_on_pytorchs_cpu_and_one_group_on_mxnets():
     assert TorchBackend().allreduce_groups(cfg) == BUCKETS and MXNetBackend().allreduce_groups(cfg) == 1
     assert TorchBackend().allreduce_groups(SimpleNamespace(allreduce_groups=2, elastic=False, adasum=False)) == 2
     assert TorchBackend().allreduce_groups(SimpleNamespace(allreduce_groups=-1, elastic=True, adasum=False)) == 0
+
+
+@pytest.mark.parametrize("other, named", [
+    (dict(framework="mxnet"), "--framework mxnet"), (dict(elastic=True), "--elastic"), (dict(adasum=True), "--adasum"),
+    (dict(shard_optimizer=True), "--shard-optimizer"), (dict(allreduce_groups=0), "--allreduce-groups 0"),
+    (dict(compile=True), "--compile"), (dict(precision="fp16"), "--precision fp16"),
+    (dict(loss_scale="dynamic"), "--loss-scale dynamic")])
+def test_overlap_forward_is_refused_in_one_line_with_what_it_cannot_work_with(other, named):
+    from hvdtrain.config import ConfigError, TrainConfig
+    with pytest.raises(ConfigError, match=f"--overlap-forward cannot be combined with {named}:") as e:
+        TrainConfig(overlap_forward=True, **other).validate()
+    assert "\n" not in str(e.value)
+    TrainConfig(overlap_forward=True).validate()  # grouped allreduces on PyTorch: accepted
