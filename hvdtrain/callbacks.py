@@ -25,7 +25,9 @@ class Callback:
         """Before epoch ``epoch`` (counted from 0), which has ``steps`` optimizer steps left to run."""
 
     def on_step_end(self, trainer, epoch: int, step_in_epoch: int, global_step: int, lr: float) -> None:
-        """After each optimizer step: its place in the epoch and in the run, and the learning rate it used."""
+        """After each optimizer step: its place in the epoch and in the run, and the learning rate it used. With
+        ``--overlap-forward`` one layer's update is still on its way here: call ``trainer.backend.settle()`` before
+        reading the weights."""
 
     def on_log(self, trainer, global_step: int, metrics: Dict[str, float]) -> None:
         """Every ``--log-every`` steps: the running training means (``loss``...), averaged across ranks."""
