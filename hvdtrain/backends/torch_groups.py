@@ -209,6 +209,7 @@ class LateParameter:
         nothing when no update waits."""
         if self.pending is None:
             return
+        import torch
         from horovod.torch.mpi_ops import synchronize
         handle, ctx, tail = self.pending
         self.pending = None
@@ -224,7 +225,8 @@ class LateParameter:
             for group, rate in zip(optimizer.param_groups, self.rates):
                 group["lr"] = rate
             self.param.grad, self.grad = self.grad, None
-            with optimizer.skip_synchronize():
+            # The hook runs inside the forward pass's autocast: the update runs as the step's did, outside it.
+            with optimizer.skip_synchronize(), torch.autocast(self.param.device.type, enabled=False):
                 optimizer.step()
         finally:
             self.param.grad = None
