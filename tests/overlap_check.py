@@ -7,8 +7,8 @@ side on each rank's own batches for STEPS steps with OPTIMIZER (sgd with momentu
 learning rate changed before every step as a warmup does: one through hvdtrain's grouped allreduces, one with
 ``overlap_forward``. Every weight must be equal to the bit after every step (the late parameter, which the next
 step's forward pass updates at that step's rate, after the last), and the late parameter must be the large layer's
-weight. Then a network that uses
-that weight outside its module's forward pass must be refused at its second step, in one line. Prints one line per
+weight. Then a network that uses that weight outside its module's forward pass must be refused at its second step,
+in one line. Prints one line per
 rank; exit status 1 when anything differs.
 """
 import sys
@@ -56,10 +56,7 @@ def train_step(model, optimizer, x, y, rate: float) -> None:
     F.cross_entropy(model(x), y).backward()
     optimizer.synchronize()
     with optimizer.skip_synchronize():
-        if optimizer._late is not None:
-            optimizer._late.step(optimizer)
-        else:
-            optimizer.step()
+        optimizer.step()
     optimizer.zero_grad()
 
 

@@ -205,7 +205,6 @@ class TorchBackend(Backend):
         self.adasum_step = cfg.adasum and self.size > 1
         if cfg.dynamic_loss_scale(self.precision):
             self.scaler = torch.amp.GradScaler(self.device.type)
-        self.late = None
         if cfg.overlap_forward:
             self._overlap_forward(groups)
         if not cfg.elastic:  # elastic: state.sync() broadcasts, and a late joiner must not run extra collectives
@@ -407,8 +406,6 @@ class TorchBackend(Backend):
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-            elif self.late is not None:  # --overlap-forward: all but the late parameter, updated at its layer
-                self.late.step(self.optimizer)
             else:
                 self.optimizer.step()
         self.optimizer.zero_grad()

@@ -173,7 +173,6 @@ class LateParameter:
         self.pending = None  # (handle, context, the second half) while it is on the wire
         self.grad = None  # the gradient while the step waits for it
         self.rates: Optional[List[float]] = None
-        self.module = None
 
     def head(self):
         return self.param.grad.view(-1)[:self.half]
@@ -195,14 +194,13 @@ class LateParameter:
                                           process_set=optimizer.process_set)
         self.pending = (handle, ctx, tail)
 
-    def step(self, optimizer) -> None:
-        """The optimizer's step for every parameter but this one, whose gradient is kept for :meth:`settle`."""
-        if self.pending is None:
-            optimizer.step()
+    def hold(self, optimizer) -> None:
+        """Before the optimizer's step, while the second half is on the wire: keep this parameter's gradient (and
+        the step's rates) for :meth:`settle`, so that the step updates every other parameter."""
+        if self.pending is None or self.grad is not None:
             return
         self.grad, self.param.grad = self.param.grad, None
         self.rates = [group["lr"] for group in optimizer.param_groups]
-        optimizer.step()
 
     def settle(self, optimizer) -> None:
         """Wait for the second half and update the parameter with it, at the rates of the step that computed it;
@@ -240,7 +238,7 @@ class LateParameter:
         owner = next((m for m in model.modules() if any(q is self.param for q in m._parameters.values())), None)
         if owner is None:
             raise ValueError("the parameter to update late belongs to no module of the model")
-        self.module = owner.register_forward_pre_hook(lambda module, args: self.settle(optimizer))
+        owner.register_forward_pre_hook(lambda module, args: self.settle(optimizer))
 
 
 def _make_synchronize(horovod_synchronize):
@@ -262,6 +260,14 @@ def _make_synchronize(horovod_synchronize):
     return synchronize
 
 
+def _step(self, closure=None):
+    """Horovod's step; with --overlap-forward's second half on the wire, for every parameter but the late one."""
+    from horovod.torch.optimizer import _DistributedOptimizer
+    if self._late is not None:
+        self._late.hold(self)
+    return _DistributedOptimizer.step(self, closure)
+
+
 def _settle(self) -> None:
     """--overlap-forward: the late parameter's update, if one waits (:meth:`LateParameter.settle`)."""
     if self._late is not None:
@@ -279,7 +285,8 @@ def distributed_optimizer(optimizer, named_parameters: Iterable, compression, ba
     from horovod.torch.optimizer import _DistributedOptimizer
     methods = dict(_DistributedOptimizer.__dict__)
     methods.update(_register_hooks=_register_hooks, _grouped_allreduce_grad_async=_grouped_allreduce_grad_async,
-                   synchronize=_make_synchronize(_DistributedOptimizer.synchronize), _late=None, settle=_settle)
+                   synchronize=_make_synchronize(_DistributedOptimizer.synchronize), _late=None, settle=_settle,
+                   step=_step)
     # One class level above the user's optimizer, as Horovod builds it: its __init__ calls super(self.__class__).
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     # The groups as Horovod's list form (which its own _register_hooks would broadcast; ours takes them as they are).
