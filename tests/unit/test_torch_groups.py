@@ -70,3 +70,17 @@ def test_overlap_forward_is_refused_in_one_line_with_what_it_cannot_work_with(ot
         TrainConfig(overlap_forward=True, **other).validate()
     assert "\n" not in str(e.value)
     TrainConfig(overlap_forward=True).validate()  # grouped allreduces on PyTorch: accepted
+
+
+def test_overlap_forward_is_refused_where_a_gpu_would_run_it_by_default():
+    """On a GPU the groups are off and auto precision picks fp16 with a dynamic loss scale; neither reaches the
+    config's check (both are decided by the backend), so the backend refuses them in one line before training."""
+    from hvdtrain.backends.torch import TorchBackend
+    from hvdtrain.config import ConfigError
+    backend = TorchBackend()
+    with pytest.raises(ConfigError, match="--overlap-forward needs grouped allreduces") as e:
+        backend._overlap_forward(0)
+    backend.scaler, backend.precision = object(), "fp16"
+    with pytest.raises(ConfigError, match=r"dynamic loss scale \(--precision fp16 chose one\)"):
+        backend._overlap_forward(-1)
+    assert "\n" not in str(e.value)
