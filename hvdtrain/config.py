@@ -179,7 +179,7 @@ class TrainConfig:
     """Stop when --monitor has not improved for this many epochs in a row (0: never); needs --monitor."""
     max_bad_steps: int = 20
     """Stop the job when the training loss is non-finite on any rank for this many steps in a row (0: never);
-    the ranks decide together every 10 steps."""
+    the ranks decide together every 10 steps (and stop at the step after)."""
     max_steps: int = 0
     """Stop after this many optimizer steps in total (0: no limit); for smoke tests and benchmarks."""
     seed: int = 42

@@ -4,7 +4,10 @@ Two questions, each answered alike on every rank:
 
 - Stop? A rank counts its consecutive non-finite training losses; every :attr:`Health.CHECK_EVERY` steps the ranks
   decide together (one tiny allreduce; one per step cost ~15%) and the job stops once any rank has seen
-  ``--max-bad-steps`` in a row.
+  ``--max-bad-steps`` in a row. The decision's allreduce is started at that step and read at the next (or at the
+  end of the epoch, :meth:`Health.conclude`): it queues behind the step's gradients, and waiting for it at once held
+  the next step back until they had all arrived, which with ``--overlap-forward`` is the second half's transfer that
+  the next forward pass overlaps.
 - May a checkpoint be written from these weights? Not when a non-finite loss reached the weights on any rank since
   the last decision (its gradients were averaged into every rank's weights). The vote rides on the epoch's metric
   allreduce (:meth:`Health.flag` / :meth:`Health.decide`), or takes one scalar allreduce of its own before a
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 class Health:
@@ -46,10 +49,14 @@ class Health:
         """This rank saw a non-finite training loss that reached the weights since the last decision."""
         self.bad = 0
         """This rank's non-finite training losses in a row."""
+        self.pending: Optional[Tuple[int, Callable[[], Dict[str, float]]]] = None
+        """The stop rule's decision in flight: (its step, the wait for its sum)."""
 
     def observe(self, loss: Any, global_step: int, lr: float = 0.0) -> None:
-        """After each step: count this rank's loss; every CHECK_EVERY steps, stop every rank together when the
-        limit is reached somewhere (a FloatingPointError naming the fix). Rank 0 warns once of a rising loss."""
+        """After each step: count this rank's loss; every CHECK_EVERY steps, start the decision of every rank
+        together, and at the next step stop them all when the limit was reached somewhere (a FloatingPointError
+        naming the fix). Rank 0 warns once of a rising loss."""
+        self.conclude()
         value = self.backend.scalar(loss)
         finite = math.isfinite(value)
         if finite and not self.warned:
@@ -60,13 +67,22 @@ class Health:
             return
         self.bad = 0 if finite else self.bad + 1
         if global_step % self.CHECK_EVERY == 0:
-            # Horovod: the same decision on every rank, from the worst rank.
-            over = self.backend.allreduce_sum({"over_limit": 1.0 if self.bad >= self.limit else 0.0})["over_limit"]
-            if over > 0:
-                raise FloatingPointError(
-                    f"the training loss was NaN or infinite for at least {self.limit} steps in a row (up to step "
-                    f"{global_step}); stopping. The newest checkpoint in {self.checkpoint_dir} was written "
-                    f"before; lower --base-lr, use --precision fp32, or raise --max-bad-steps")
+            # Horovod: the same decision on every rank, from the worst rank; read at the next step (conclude).
+            wait = self.backend.allreduce_sum_start({"over_limit": 1.0 if self.bad >= self.limit else 0.0},
+                                                    "stoprule")
+            self.pending = (global_step, wait)
+
+    def conclude(self) -> None:
+        """Wait for the stop rule's decision in flight, if any (every rank calls it at the same step: the next
+        :meth:`observe`, the end of an epoch); raise when some rank was over the limit."""
+        if self.pending is None:
+            return
+        (step, wait), self.pending = self.pending, None
+        if wait()["over_limit"] > 0:
+            raise FloatingPointError(
+                f"the training loss was NaN or infinite for at least {self.limit} steps in a row (up to step "
+                f"{step}); stopping. The newest checkpoint in {self.checkpoint_dir} was written "
+                f"before; lower --base-lr, use --precision fp32, or raise --max-bad-steps")
 
     def _watch_rise(self, loss: float, global_step: int, lr: float) -> None:
         if self.first is None:

@@ -260,6 +260,7 @@ class Trainer:
             self.timeline.after_step(self.global_step)
         train_seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         threads = thread_cpu.stop()
+        self.health.conclude()  # the stop rule's decision of the epoch's last step
         self.reporter.progress(self.global_step, "metrics")
         counted = prior_steps + done  # the epoch's steps, in this run and before its resume
         means = {k: (prior.get(k, 0.0) + v) / max(counted, 1) for k, v in sums.items()} or {"loss": 0.0}
@@ -333,6 +334,7 @@ class Trainer:
     def restore_position(self, position: Dict[str, int]) -> None:
         """Elastic mode, after a reset: continue from a committed position with the new world size."""
         self.position = Position.from_dict(position)
+        self.health.pending = None  # started before the reset, in a world that is gone
         b = self.backend
         self.train_sampler.rank, self.train_sampler.size = b.rank, b.size
         if self.val_sampler is not None:

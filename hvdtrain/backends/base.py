@@ -12,8 +12,9 @@ Both backends implement it with the same behaviour, so the Trainer loop reads th
 - ``eval_step(batch, outputs)``: one validation batch as (the model's outputs as numpy, or None without
   ``outputs``; the target as numpy; the recipe's loss as (sum, weight) by :meth:`Task.loss_total`; the number of
   samples).
-- ``allreduce_array`` (the one collective a backend implements for metrics), and on it ``allreduce_sum`` /
-  ``allreduce_mean`` (metrics across ranks, returned as floats), ``allgather_array`` and ``allgather_floats``.
+- ``allreduce_array_start`` (the one collective a backend implements for metrics: started, then waited for by the
+  call it returns), and on it ``allreduce_array``, ``allreduce_sum`` / ``allreduce_sum_start`` / ``allreduce_mean``
+  (metrics across ranks, returned as floats), ``allgather_array`` and ``allgather_floats``.
 - ``broadcast_object``: a JSON-able value from rank 0 (JSON, never pickle: nothing received is unpickled);
   ``broadcast_tree``: a nested state with numpy arrays, in the checkpoint format.
 - ``set_lr`` / ``get_lr``, ``seed``, ``state_dict`` / ``load_state_dict`` (numpy arrays and plain Python only), ``broadcast_state``.
@@ -288,15 +289,25 @@ class Backend(abc.ABC):
 
     # --- collectives -----------------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
-        """The element-wise sum over ranks of a float64 vector; ``tag`` names the collective (same on every rank)."""
+    def allreduce_array_start(self, values: np.ndarray, tag: str) -> Callable[[], np.ndarray]:
+        """Start the element-wise sum over ranks of a float64 vector; the call returned waits for it and returns it.
+        ``tag`` names the collective (the same on every rank; one collective of a tag in flight at a time)."""
         ...
+
+    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+        """The element-wise sum over ranks of a float64 vector (:meth:`allreduce_array_start`, waited for)."""
+        return self.allreduce_array_start(values, tag)()
+
+    def allreduce_sum_start(self, metrics: Dict[str, Any], tag: str = "metrics") -> Callable[[], Dict[str, float]]:
+        """Start summing scalar metrics over ranks in one collective; the call returned waits for the sums."""
+        keys = sorted(metrics)
+        values = np.array([self.scalar(metrics[k]) for k in keys], dtype=np.float64)
+        wait = self.allreduce_array_start(values, tag)
+        return lambda: dict(zip(keys, wait().tolist()))
 
     def allreduce_sum(self, metrics: Dict[str, Any]) -> Dict[str, float]:
         """Scalar metrics (numbers or framework scalars) summed over ranks, in one collective."""
-        keys = sorted(metrics)
-        values = np.array([self.scalar(metrics[k]) for k in keys], dtype=np.float64)
-        return dict(zip(keys, self.allreduce_array(values, "metrics").tolist()))
+        return self.allreduce_sum_start(metrics)()
 
     def allgather_floats(self, values: List[float]) -> List[List[float]]:
         """Every rank's ``values`` (the same length on each), in rank order."""

@@ -22,7 +22,7 @@ import itertools
 import os
 import random
 import sys
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -509,13 +509,13 @@ class MXNetBackend(Backend):
         return self.threads if self.on_gpu else 1
 
     # --- collectives -----------------------------------------------------------------------------------------------
-    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+    def allreduce_array_start(self, values: np.ndarray, tag: str) -> Callable[[], np.ndarray]:
         nd = self.mx.nd
         # Horovod: one collective for the whole vector, so every rank gets the same numbers; a fresh name per call
-        # (MXNet's engine may hold several in flight).
+        # (MXNet's engine may hold several in flight). The engine runs it; reading the result waits for it.
         summed = self.hvd.allreduce(nd.array(values, dtype="float64"), op=self.hvd.Sum,
                                     name=f"hvdtrain.{tag}.{self._op()}")
-        return summed.asnumpy()
+        return summed.asnumpy
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
         nd, hvd = self.mx.nd, self.hvd

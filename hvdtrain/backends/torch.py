@@ -7,7 +7,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -538,11 +538,12 @@ class TorchBackend(Backend):
         return map(to_device, _within_timeout(loader, limit) if limit else loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
-    def allreduce_array(self, values: np.ndarray, tag: str) -> np.ndarray:
+    def allreduce_array_start(self, values: np.ndarray, tag: str) -> Callable[[], np.ndarray]:
         # Horovod: one collective for the whole vector, so every rank gets the same numbers.
-        summed = self.hvd.allreduce(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)),
-                                    op=self.hvd.Sum, name=f"hvdtrain.{tag}")
-        return summed.numpy()
+        hvd = self.hvd
+        handle = hvd.allreduce_async(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)),
+                                     op=hvd.Sum, name=f"hvdtrain.{tag}")
+        return lambda: hvd.synchronize(handle).numpy()
 
     def broadcast_bytes(self, data: Optional[bytes], root: int = 0) -> bytes:
         hvd = self.hvd

@@ -1,5 +1,6 @@
 """Horovod's own collectives across the ranks, on the framework chosen by --framework."""
 import numpy as np
+import pytest
 
 
 def test_allreduce_sums_and_averages(ops):
@@ -36,6 +37,40 @@ def test_backend_object_broadcast_and_metric_sum(framework):
     total = backend.allreduce_sum({"one": 1.0, "rank": float(backend.rank)})
     assert total == {"one": float(backend.size), "rank": float(sum(range(backend.size)))}
     assert backend.threads >= 1
+
+
+def test_the_stop_rule_is_decided_at_the_next_step_without_a_wait_at_its_own(framework):
+    # Health's collective decision (every CHECK_EVERY steps) starts at its step and is read at the next: a wait at
+    # once queued behind the step's gradients and held the next step back until they had all arrived (with
+    # --overlap-forward, the second half's transfer that the next forward pass overlaps). Here rank 1 starts step
+    # 10's decision only once rank 0 has got past its own step 10 (a file says so); a wait there would hold rank 0
+    # until rank 1 gave up after 20 s, and this test fails. Both ranks then stop together at step 11.
+    import os
+    import tempfile
+    import time
+    from hvdtrain.backends import make_backend
+    from hvdtrain.config import TrainConfig
+    from hvdtrain.health import Health
+    backend = make_backend(framework)
+    backend.init(TrainConfig(framework=framework))
+    rank = backend.rank
+    passed = os.path.join(backend.broadcast_object(tempfile.mkdtemp() if rank == 0 else None), "rank 0 past step 10")
+    health = Health(backend, 2, "ckpt")
+    for step in range(1, 10):
+        health.observe(float("nan") if rank == 1 and step == 9 else 0.5, step)
+    if rank == 1:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(passed) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    health.observe(float("nan") if rank == 1 else 0.5, 10)  # rank 1: 2 in a row, the limit
+    if rank == 0:
+        open(passed, "w").close()
+    with pytest.raises(FloatingPointError, match=r"at least 2 steps in a row \(up to step 10\)"):
+        health.observe(0.5, 11)
+    assert os.path.exists(passed), "rank 0 waited at step 10 for the stop rule's decision"
+    health.observe(0.5, 20)
+    health.conclude()  # the end of an epoch: nobody over the limit now
+    assert health.pending is None
 
 
 def test_a_rank_waiting_for_a_late_partner_does_not_spin(ops, monkeypatch):
