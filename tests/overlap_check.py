@@ -1,15 +1,16 @@
 """--overlap-forward's optimizer against the plain grouped one, under horovodrun (tests/e2e/test_overlap_forward.py).
 
-    horovodrun -np N python tests/overlap_check.py OPTIMIZER
+    horovodrun -np N python tests/overlap_check.py OPTIMIZER [OPTIMIZER ...]
 
 Two copies of one small network (convolutions, then a large fully connected layer and a small one), trained side by
-side on each rank's own batches for STEPS steps with OPTIMIZER (sgd with momentum and weight decay, or lamb), the
-learning rate changed before every step as a warmup does: one through hvdtrain's grouped allreduces, one with
-``overlap_forward``. Every weight must be equal to the bit after every step (the late parameter, which the next
-step's forward pass updates at that step's rate, after the last), and the late parameter must be the large layer's
-weight. Then a network that uses that weight outside its module's forward pass must be refused at its second step,
-in one line. Prints one line per
-rank; exit status 1 when anything differs.
+side on each rank's own batches for STEPS steps with each OPTIMIZER in turn (sgd with momentum and weight decay, adam with amsgrad,
+adamw, or lamb), the learning rate changed before every step as a warmup does: one through hvdtrain's grouped
+allreduces, one with ``overlap_forward``. Every weight must be equal to the bit after every step (the late parameter,
+which the next step's forward pass updates at that step's rate, after the last), and the late parameter must be the
+large layer's weight. With the element-wise optimizers (all but lamb) the late parameter's first half must already be
+updated when the step returns, from the second step on (the optimizer has its state then). Then a network that
+uses that weight outside its module's forward pass must be refused at its second step, in one line. Prints one line
+per rank; exit status 1 when anything differs.
 """
 import sys
 
@@ -45,8 +46,10 @@ class Functional(nn.Module):
 def optimizer_for(model: nn.Module, kind: str, overlap: bool):
     named = list(model.named_parameters())
     params = [p for _, p in named]
-    inner = (torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3) if kind == "sgd"
-             else LAMB(params, lr=0.01, weight_decay=1e-3))
+    inner = {"sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
+             "adam": lambda: torch.optim.Adam(params, lr=0.01, weight_decay=1e-3, amsgrad=True),
+             "adamw": lambda: torch.optim.AdamW(params, lr=0.01, weight_decay=1e-2),
+             "lamb": lambda: LAMB(params, lr=0.01, weight_decay=1e-3)}[kind]()
     return distributed_optimizer(inner, named, hvd.Compression.none, 1, 1.0, BUCKETS, overlap)
 
 
@@ -60,9 +63,8 @@ def train_step(model, optimizer, x, y, rate: float) -> None:
     optimizer.zero_grad()
 
 
-def main() -> int:
-    hvd.init()
-    kind, rank = sys.argv[1], hvd.rank()
+def check(kind: str, rank: int) -> list:
+    """What differs with ``kind`` (empty when nothing does)."""
     plain, late = network(), network()
     p_opt, l_opt = optimizer_for(plain, kind, False), optimizer_for(late, kind, True)
     l_opt._late.hook(l_opt, late)
@@ -83,6 +85,16 @@ def main() -> int:
         for (name, a), b in zip(plain.named_parameters(), late.parameters()):
             if (settled or b is not l_opt._late.param) and not torch.equal(a, b):
                 wrong.append(f"step {step}: {name} differs by {float((a - b).abs().max()):.3g}")
+        if settled:  # the optimizer's state too: momentum, moments, Adam's step counts
+            ours, theirs = l_opt.state_dict()["state"], p_opt.state_dict()["state"]
+            for index, values in theirs.items():
+                for key, value in values.items():
+                    if not torch.equal(torch.as_tensor(value), torch.as_tensor(ours[index][key])):
+                        wrong.append(f"step {step}: the optimizer's {key} of parameter {index} differs")
+        head = l_opt._late.half
+        if kind != "lamb" and step > 0 and not settled and not torch.equal(plain[3].weight.view(-1)[:head],
+                                                                           late[3].weight.view(-1)[:head]):
+            wrong.append(f"step {step}: the late parameter's first half was not updated by the step")
     refused = ""
     functional = Functional()
     f_opt = optimizer_for(functional, kind, True)
@@ -96,10 +108,19 @@ def main() -> int:
     hvd.allreduce(torch.zeros(1), name="check.refused")  # every rank past its refusal before any shuts down
     if "outside its module's forward pass" not in refused:
         wrong.append(f"a weight used outside its module was not refused: {refused!r}")
-    print(f"rank {rank}: " + ("; ".join(wrong[:5]) if wrong else
-                              f"{STEPS} steps of {kind} equal to the bit; the functional use refused"), flush=True)
+    return wrong
+
+
+def main() -> int:
+    hvd.init()
+    rank, failed = hvd.rank(), False
+    for kind in sys.argv[1:]:
+        wrong = check(kind, rank)
+        failed = failed or bool(wrong)
+        print(f"rank {rank}: " + ("; ".join(wrong[:5]) if wrong else
+                                  f"{STEPS} steps of {kind} equal to the bit; the functional use refused"), flush=True)
     hvd.shutdown()
-    return 1 if wrong else 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
