@@ -167,17 +167,12 @@ class LateParameter:
     before it (responses fuse only at equal scale factors) and which leaves every value as it was (a power of two);
     the update uses the rate of the step that computed the gradient."""
 
-    ALIGN = 64
-    """The first half's length is a multiple of this many elements: an element-wise update of either half then
-    meets the same vector-loop boundaries as one of the whole tensor (the same bits)."""
-
     def __init__(self, param, after: Tuple[Any, ...]):
         self.param, self.after = param, after[0]
-        self.half = param.numel() // 2 // self.ALIGN * self.ALIGN or param.numel() // 2
+        self.half = param.numel() // 2
         self.pending = None  # (handle, context, the second half) while it is on the wire
         self.grad = None  # the gradient while the step waits for it
         self.rates: Optional[List[float]] = None
-        self.head_done = False  # the step updated the first half already (an element-wise optimizer)
 
     def head(self):
         return self.param.grad.view(-1)[:self.half]
@@ -206,76 +201,37 @@ class LateParameter:
             return
         self.grad, self.param.grad = self.param.grad, None
         self.rates = [group["lr"] for group in optimizer.param_groups]
-        self.head_done = False
-
-    def update_head(self, optimizer) -> None:
-        """After the step, while the second half is on the wire: an element-wise optimizer (SGD, Adam, AdamW, whose
-        update of an element needs only that element, its state and the step's rates) updates the first half now,
-        so that :meth:`settle` has only the second half's update left on the path from the second half's arrival
-        to the next allreduce. Once the optimizer has state for the parameter (from its second step on); LARS's
-        and LAMB's trust ratios take the whole tensor, and their update stays whole in :meth:`settle`."""
-        if self.grad is None or self.head_done or not _elementwise(optimizer) or not optimizer.state.get(self.param):
-            return
-        self._step_alone(optimizer, slice(0, self.half), last=False)
-        self.head_done = True
 
     def settle(self, optimizer) -> None:
-        """Wait for the second half and update the parameter with it (its second half alone when
-        :meth:`update_head` updated the first), at the rates of the step that computed it; nothing when no update
-        waits."""
+        """Wait for the second half and update the parameter with it, at the rates of the step that computed it;
+        nothing when no update waits."""
         if self.pending is None:
             return
+        import torch
         from horovod.torch.mpi_ops import synchronize
         handle, ctx, tail = self.pending
         self.pending = None
         _into(tail, optimizer._compression.decompress(synchronize(handle)[0], ctx))
         if self.grad is None:  # step() never ran (the step was abandoned): the gradient is dropped
             return
-        try:
-            self._step_alone(optimizer, slice(self.half, None) if self.head_done else None, last=True)
-        finally:
-            self.grad, self.head_done = None, False
-
-    def _step_alone(self, optimizer, part: Optional[slice], last: bool) -> None:
-        """The optimizer's step for this parameter alone (every other gradient put aside), at the rates of the step
-        that computed its gradient; on the elements ``part`` of the flat tensor only (None: all of them), with the
-        optimizer's state of the parameter seen through the same view. Per-parameter counters (Adam's step) advance
-        only with the ``last`` part."""
-        import torch
-        from horovod.torch.optimizer import _DistributedOptimizer
-        p = self.param
-        others = [(q, q.grad) for group in optimizer.param_groups for q in group["params"]
-                  if q is not p and q.grad is not None]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        others = [(p, p.grad) for p in params if p is not self.param and p.grad is not None]
         rates = [group["lr"] for group in optimizer.param_groups]
-        data, state = p.data, optimizer.state[p]
-        whole = dict(state)
         try:
-            for q, _ in others:
-                q.grad = None
+            for p, _ in others:
+                p.grad = None
             for group, rate in zip(optimizer.param_groups, self.rates):
                 group["lr"] = rate
-            if part is None:
-                p.grad = self.grad
-            else:
-                p.data, p.grad = data.view(-1)[part], self.grad.view(-1)[part]
-                for key, value in whole.items():
-                    if torch.is_tensor(value):
-                        state[key] = (value.view(-1)[part] if value.shape == data.shape else
-                                      value if last else value.clone())
+            self.param.grad, self.grad = self.grad, None
             # The hook runs inside the forward pass's autocast: the update runs as the step's did, outside it.
-            with optimizer.skip_synchronize(), torch.autocast(p.device.type, enabled=False):
-                _DistributedOptimizer.step(optimizer)
+            with optimizer.skip_synchronize(), torch.autocast(self.param.device.type, enabled=False):
+                optimizer.step()
         finally:
-            p.data, p.grad = data, None
-            if part is not None:  # the parameter's own state tensors again, as the step left them through the view
-                now = dict(state)
-                state.clear()
-                state.update({k: whole[k] if _shaped(whole.get(k), data) else v for k, v in now.items()} if last
-                             else whole)
+            self.param.grad = None
             for group, rate in zip(optimizer.param_groups, rates):
                 group["lr"] = rate
-            for q, grad in others:
-                q.grad = grad
+            for p, grad in others:
+                p.grad = grad
 
     def hook(self, optimizer, model) -> None:
         """The forward pre-hook on the module that owns the parameter: the update lands before the layer runs."""
@@ -304,28 +260,12 @@ def _make_synchronize(horovod_synchronize):
     return synchronize
 
 
-def _shaped(value, data) -> bool:
-    """Whether an optimizer's state ``value`` is a tensor of the parameter's shape (a moment, a momentum buffer)."""
-    import torch
-    return torch.is_tensor(value) and value.shape == data.shape
-
-
-def _elementwise(optimizer) -> bool:
-    """Whether the optimizer under Horovod's class is one whose update of an element needs only that element."""
-    import torch
-    return type(optimizer).__mro__[1] in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
-
-
 def _step(self, closure=None):
-    """Horovod's step; with --overlap-forward's second half on the wire, for every parameter but the late one, and
-    then the late one's first half where the optimizer allows (:meth:`LateParameter.update_head`)."""
+    """Horovod's step; with --overlap-forward's second half on the wire, for every parameter but the late one."""
     from horovod.torch.optimizer import _DistributedOptimizer
-    if self._late is None:
-        return _DistributedOptimizer.step(self, closure)
-    self._late.hold(self)
-    result = _DistributedOptimizer.step(self, closure)
-    self._late.update_head(self)
-    return result
+    if self._late is not None:
+        self._late.hold(self)
+    return _DistributedOptimizer.step(self, closure)
 
 
 def _settle(self) -> None:

@@ -18,8 +18,6 @@ CHECK = os.path.join(ROOT, "tests", "overlap_check.py")
 
 @pytest.mark.parametrize("optimizers", [("sgd", "adamw"), ("adam", "lamb")])
 def test_the_late_update_equals_the_plain_groups_to_the_bit(optimizers):
-    # SGD, Adam and AdamW update the first half at the step and the second as the next forward pass reaches the
-    # layer; LAMB's trust ratio takes the whole tensor, which is updated there at once.
     result = run(horovodrun(2, PY, CHECK, *optimizers), timeout=240)
     assert result.returncode == 0, describe(result)
     for optimizer in optimizers:
