@@ -166,9 +166,13 @@ def _run(cmd: Sequence[str], what: str, timeout: float = 600) -> str:
     return proc.stdout
 
 
+QUEUE_MS = 50.0
+"""The tbf queue of every link, in milliseconds at its rate."""
+
+
 @contextlib.contextmanager
 def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0,
-                   cores_per_host: int = 0) -> Iterator[Cluster]:
+                   cores_per_host: int = 0, queue_ms: float = QUEUE_MS) -> Iterator[Cluster]:
     """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
     rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none) and pinned to
     ``cores_per_host`` cores of its own (:class:`CpuSet`; 0: none); all of it removed on the way out."""
@@ -190,7 +194,7 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
             cluster = Cluster(state, hosts, *groups)
             for prefix, dev in cluster.links():
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                      "latency", "50ms"], f"tc on {dev}")
+                      "latency", f"{queue_ms:g}ms"], f"tc on {dev}")
             print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
                   + (f", each host to {cpu_quota:g} cores" if cpu_quota else "")
                   + "".join(f", {g.describe()}" for g in groups if isinstance(g, CpuSet)), flush=True)

@@ -9,6 +9,7 @@ import tempfile
 import time
 from typing import Dict, List, Sequence, Tuple
 
+from . import linkprobe
 from .cluster import Cluster, _launch, shaped_cluster
 from .costmodel import rate_bits
 from .prediction import allreduce_link
@@ -73,13 +74,14 @@ def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: floa
     each of ``frontends``."""
     elements = gradient_bytes(hidden) // 4
     with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
+        link = linkprobe.measure(cluster, rate)
         rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds, elements)
         # a second size, through the first frontend: what separates the per-message cost from the per-byte ones
         small = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends[:1], rounds, elements // 8)
     return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
             "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": 4 * elements / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota,
-            "cores_per_host": cores_per_host, **rows,
+            "cores_per_host": cores_per_host, **rows, **link,
             "calibration": calibrate({4 * elements: rows, 4 * (elements // 8): small}, rate),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

@@ -39,6 +39,7 @@ import time
 from typing import Dict, Sequence
 
 from ..config import ConfigError
+from . import linkprobe
 from .arms import ARMS, _arm, _single, parse_arms
 from .cluster import QUOTA_PERIOD_US, check_cores_per_host, shaped_cluster
 from .collectives import (FRONTENDS, _collectives_rows, _print_collectives, _print_paths, allreduce_paths,
@@ -58,6 +59,7 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
     own_base = [a for a in arms if a not in ARMS]  # the PyTorch arms: their own run on one host
     with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
         host_cores = cluster.host_cores()
+        link = linkprobe.measure(cluster, rate)
         variants = {}
         if set(arms) & set(ARMS):
             variants["single worker"] = lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)
@@ -94,9 +96,24 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
-            **collectives,
+            **collectives, **link,
             "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "arms": list(arms), "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _print_link_shares(result: Dict) -> None:
+    """Each arm's step against the link's limit (the ring's bytes at the rate) and against what TCP reached on the
+    same link both ways at once (the ceiling of an exchange that sends both ways)."""
+    both = result.get("link_probe", {}).get("both_ways")
+    for row in result["rows"][1:]:
+        n = row["hosts"]
+        limit = n * result["batch_size"] / result["ideal_seconds_per_step"]["horovod"][n]
+        shares = ", ".join(f"{arm} {100 * row[arm]['images_per_sec'] / limit:.0f}%"
+                           + (f" ({100 * row[arm]['images_per_sec'] / (limit * both):.0f}%)" if both else "")
+                           for arm in result["arms"])
+        ceiling = f", {limit * both:.0f} at what TCP reached both ways (in brackets)" if both else ""
+        print(f"{n} host(s), the step against the link's limit ({limit:.0f} img/s: the ring's bytes at the rate"
+              f"{ceiling}): {shares}")
 
 
 DEFAULT_QUOTA = 0.4
@@ -190,6 +207,7 @@ def run(args) -> int:
         print(f"{row['hosts']} host(s): " + ", ".join(
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)"
             for arm in result["arms"]))
+    _print_link_shares(result)
     _print_collectives(result)
     busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
     print("machine busy (fraction of all cores, median per variant): "

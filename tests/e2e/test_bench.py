@@ -214,6 +214,8 @@ def test_network_benchmark_over_two_rate_limited_hosts_leaves_nothing_behind(tmp
     # on 2 hosts the ring sends and receives the whole gradient vector once, each half of it once at 200 Mbit/s
     assert data["collectives_ideal_seconds"]["2"]["allreduce"] == pytest.approx(data["gradient_mb"] * 8e6 / 200e6)
     assert "2 host(s), the step's collectives alone: allreduce" in result.stdout, describe(result)
+    assert data["link_probe"]["both_ways"] > 0  # each arm's step against the link and what TCP reached on it
+    assert "2 host(s), the step against the link's limit (" in result.stdout, describe(result)
     assert _png(out / "network.png")
     assert not glob.glob("/sys/fs/cgroup/cpu/hvdtrain-net-*") + glob.glob("/sys/fs/cgroup/hvdtrain-net-*"), \
         "the benchmark left cgroups behind"
@@ -371,6 +373,11 @@ def test_network_collectives_only_times_the_steps_collectives_on_the_shaped_link
     assert cal["alpha"] >= 0 and cal["gamma"] >= 0
     assert 0.9 * cal["beta_at_rate"] <= cal["beta"] <= 3 * cal["beta_at_rate"], cal  # no faster than the link
     assert "calibration (6 timed collectives" in result.stdout, describe(result)
+    # the link's own ceiling, measured by TCP on it: never above the rate (an unshaped link would be far above)
+    probe = data["link_probe"]
+    assert set(probe["samples"]) == {"one_way", "both_ways"}
+    assert all(0.3 < f <= 1.02 for runs in probe["samples"].values() for f in runs), probe
+    assert "bench: the link itself (host0 and host1" in result.stdout, describe(result)
 
 
 @pytest.mark.machine
