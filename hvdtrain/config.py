@@ -367,14 +367,8 @@ class TrainConfig:
         """(A, B) of --timeline-steps (or its default when only --timeline is set); None: no timeline."""
         if not self.timeline_file and not self.timeline_steps:
             return None
-        text = self.timeline_steps or "1:20"
-        try:
-            a, b = (int(v) for v in text.split(":"))
-        except ValueError:
-            raise ConfigError(f"--timeline-steps must be A:B (global steps, e.g. 100:110), got {text!r}") from None
-        if not 1 <= a <= b:
-            raise ConfigError(f"--timeline-steps A:B needs 1 <= A <= B, got {text!r}")
-        return a, b
+        from .timeline import parse_window
+        return parse_window(self.timeline_steps or "1:20")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

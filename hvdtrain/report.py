@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any, Dict, List, Optional
 
-from . import schedule
+from . import schedule, timeline
 from .config import ConfigError
 from .faults import STALE_SECONDS, heartbeat_table, read_heartbeats
 from .phases import PHASES, format_phases, stragglers
@@ -161,6 +161,7 @@ def render_text(output_dir: str) -> str:
     best = autotune_best(os.path.join(output_dir, "autotune.csv"))
     if best is not None or os.path.exists(os.path.join(output_dir, "autotune.csv")):
         lines += ["", f"  autotune: {format_autotune(best)}"]
+    lines += _timeline_lines(output_dir, cfg)
     if state in ("running", "stopped", "failed"):
         lines += ["", heartbeat_table(output_dir, f"job {state}")]
     errors_dir = os.path.join(output_dir, "errors")
@@ -174,6 +175,23 @@ def render_text(output_dir: str) -> str:
             except (ValueError, KeyError):
                 continue
     return "\n".join(lines)
+
+
+def _timeline_lines(output_dir: str, cfg: Dict[str, Any]) -> List[str]:
+    """The summary of the job's Horovod timeline (``--timeline-steps``), where rank 0 wrote one."""
+    window = str(cfg.get("timeline_steps") or ("1:20" if cfg.get("timeline_file") else ""))  # as TrainConfig reads it
+    path = cfg.get("timeline_file") or os.path.join(output_dir, "timeline.json")
+    if ":" not in window or not os.path.exists(path):
+        return []
+    first, last = (int(x) for x in window.split(":"))
+    steps = [r["global_step"] for r in read_records(output_dir) if r.get("global_step")]
+    last = min([last] + steps[-1:])  # a window past the job's end closed at it
+    try:
+        summary = timeline.summarize(path, last - first + 1)
+    except (ValueError, KeyError) as e:
+        return ["", f"  Horovod timeline: {path} could not be read ({e})"]
+    return ["", f"  Horovod timeline of steps {first}..{last} (rank 0):"] + \
+        [f"    {line}" for line in timeline.describe_summary(summary)]
 
 
 def plot(output_dir: str, path: str) -> Optional[str]:

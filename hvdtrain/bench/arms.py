@@ -2,6 +2,7 @@
 framework, DDP under torchrun, MXNet's parameter server) and the names ``--frameworks`` chooses them by."""
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -12,6 +13,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import timeline
 from ..config import ConfigError
 from .cluster import Cluster, _launch, run_records
 from .ps import run_ps
@@ -108,18 +110,29 @@ def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, rec
 
 
 def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[str], timeout: float,
-              extra: Sequence[str] = (), framework: str = "mxnet", env: Optional[Dict[str, str]] = None) -> Dict:
+              extra: Sequence[str] = (), framework: str = "mxnet", env: Optional[Dict[str, str]] = None,
+              timeline_steps: str = "") -> Dict:
     """hvdtrain itself (``recipe mnist --synthetic`` on ``framework``, its own Horovod settings unless ``env`` sets
-    them): 2 epochs of 64 steps, the first the warm-up, the img/s of the second."""
+    them): 2 epochs of 64 steps, the first the warm-up, the img/s of the second; with ``timeline_steps`` (A:B),
+    the summary of rank 0's Horovod timeline of those steps (:func:`hvdtrain.timeline.summarize`)."""
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
+        window = ["--timeline-steps", timeline_steps] if timeline_steps else []
         cmd = _launch(cluster, n, ["-m", "hvdtrain", "recipe", "mnist", "--framework", framework, "--synthetic",
                                    "--epochs", "2", "--warmup-epochs", "0", "--batch-size", str(batch_size),
                                    "--threads", "1", "--precision", "fp32", "--resume", "never", "--output-dir", out,
-                                   *recipe_args, *extra])
+                                   *window, *recipe_args, *extra])
         last = run_records(cmd, out, timeout, {"OMP_NUM_THREADS": "1", **(env or {})},
                            f"hvdtrain on {n} host(s)")[-1]
-        return {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
-                "thread_cpu_per_step": last.get("thread_cpu_per_step", {}), "phase_seconds": last.get("phase_seconds")}
+        result = {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
+                  "thread_cpu_per_step": last.get("thread_cpu_per_step", {}),
+                  "phase_seconds": last.get("phase_seconds")}
+        path = os.path.join(out, "timeline.json")
+        if timeline_steps and os.path.exists(path):
+            first, end = (int(x) for x in timeline_steps.split(":"))
+            result["timeline"] = timeline.summarize(path, min(end, int(last["global_step"])) - first + 1)
+        elif timeline_steps:
+            result["timeline"] = {"error": f"no timeline: the run had {last['global_step']} steps"}
+        return result
 
 
 
@@ -175,23 +188,25 @@ def parse_arms(text: str) -> Tuple[str, ...]:
 
 
 def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
-         timeout: float):
-    """A zero-argument run of arm ``name`` on ``n`` hosts."""
+         timeout: float, timeline_steps: str = ""):
+    """A zero-argument run of arm ``name`` on ``n`` hosts; ``timeline_steps``: the hvdtrain arms record Horovod's
+    timeline of those steps (``--timeline-steps``) and return its summary."""
     common = (cluster, n, steps, warmup, batch_size, recipe_args, timeout)
+    hv = functools.partial(_hvdtrain, timeline_steps=timeline_steps)
     runs = {
         "horovod": lambda: _horovod(*common),
-        "hvdtrain": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout),
-        "hvdtrain sharded": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, ["--shard-optimizer"]),
+        "hvdtrain": lambda: hv(cluster, n, batch_size, recipe_args, timeout),
+        "hvdtrain sharded": lambda: hv(cluster, n, batch_size, recipe_args, timeout, ["--shard-optimizer"]),
         "ps 1 server": lambda: _ps(cluster, n, 1, steps, warmup, batch_size, recipe_args, timeout),
         "ps server per host": lambda: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args, timeout),
-        TORCH_ARM: lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch"),
-        f"{TORCH_ARM} spin": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+        TORCH_ARM: lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch"),
+        f"{TORCH_ARM} spin": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                env={"HOROVOD_SPIN_WAIT": "1"}),
-        f"{TORCH_ARM} block": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+        f"{TORCH_ARM} block": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                 env={"HOROVOD_SPIN_WAIT": "0"}),
-        f"{TORCH_ARM} rcvlowat 32k": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+        f"{TORCH_ARM} rcvlowat 32k": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                        env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
-        f"{TORCH_ARM} overlap forward": lambda: _hvdtrain(cluster, n, batch_size, recipe_args, timeout,
+        f"{TORCH_ARM} overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                           ["--overlap-forward"], framework="torch"),
         "ddp": lambda: _ddp(*common),
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),

@@ -39,6 +39,7 @@ import time
 from typing import Dict, Sequence
 
 from ..config import ConfigError
+from .. import timeline
 from . import linkprobe
 from .arms import ARMS, _arm, _single, parse_arms
 from .cluster import QUOTA_PERIOD_US, check_cores_per_host, shaped_cluster
@@ -51,7 +52,7 @@ from .runner import check_sizes, compare, write
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
             timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
-            arms: Sequence[str] = ARMS, journal: str = "", cores_per_host: int = 0) -> Dict:
+            arms: Sequence[str] = ARMS, journal: str = "", cores_per_host: int = 0, timeline_steps: str = "") -> Dict:
     """The arms at each host count on the shaped hosts, interleaved over ``rounds`` (each sample also appended to
     ``journal`` as it comes), then the step's collectives alone; a failure of the latter is a warning."""
     recipe_args = ["--hidden", str(hidden)]
@@ -64,10 +65,12 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
         if set(arms) & set(ARMS):
             variants["single worker"] = lambda: _single(cluster, steps, warmup, batch_size, recipe_args, timeout)
         for arm in own_base:
-            variants[f"{arm} n=1"] = _arm(arm, cluster, 1, steps, warmup, batch_size, recipe_args, timeout)
+            variants[f"{arm} n=1"] = _arm(arm, cluster, 1, steps, warmup, batch_size, recipe_args, timeout,
+                                          timeline_steps)
         for n in hosts:
             for arm in arms:
-                variants[f"{arm} n={n}"] = _arm(arm, cluster, n, steps, warmup, batch_size, recipe_args, timeout)
+                variants[f"{arm} n={n}"] = _arm(arm, cluster, n, steps, warmup, batch_size, recipe_args, timeout,
+                                                timeline_steps)
         res = compare(variants, rounds, journal)
         try:
             collectives = _collectives_rows(cluster, hosts, hidden, rate, timeout)
@@ -97,8 +100,19 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
             **collectives, **link,
-            "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
+            "timeline_steps": timeline_steps or None, "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "arms": list(arms), "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _print_timelines(result: Dict) -> None:
+    """With --timeline-steps: each hvdtrain variant's Horovod timeline, every round's."""
+    for name, variant in result["variants"].items():
+        for r, sample in enumerate(variant.get("rounds", [])):
+            summary = sample.get("timeline")
+            if summary:
+                lines = [summary["error"]] if "error" in summary else timeline.describe_summary(summary)
+                print(f"{name}, round {r + 1}, Horovod timeline of steps {result['timeline_steps']}: "
+                      + "; ".join(lines))
 
 
 def _print_link_shares(result: Dict) -> None:
@@ -174,6 +188,8 @@ def run(args) -> int:
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0 or args.cores_per_host < 0:
         raise ConfigError("--cpu-quota, --cores-per-host, --burst and --warmup must be 0 or more")
     check_cores_per_host(args.cores_per_host)  # before any host is built
+    if args.timeline_steps:
+        timeline.parse_window(args.timeline_steps)
     if args.allreduce_paths:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
                                  rounds=args.rounds, cores_per_host=args.cores_per_host)
@@ -199,7 +215,7 @@ def run(args) -> int:
     print(f"bench: every sample is appended to {journal} as it is measured", flush=True)
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
                      burst=args.burst, cpu_quota=args.cpu_quota, arms=arms, journal=journal,
-                     cores_per_host=args.cores_per_host)
+                     cores_per_host=args.cores_per_host, timeline_steps=args.timeline_steps)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])
@@ -208,6 +224,7 @@ def run(args) -> int:
             f"{arm} {row[arm]['images_per_sec']:.1f} img/s ({100 * row[arm]['efficiency']:.0f}%)"
             for arm in result["arms"]))
     _print_link_shares(result)
+    _print_timelines(result)
     _print_collectives(result)
     busy = {k: v.get("machine_busy") for k, v in result["variants"].items()}
     print("machine busy (fraction of all cores, median per variant): "
@@ -253,6 +270,10 @@ def add_parser(sub) -> None:
                         "torch-overlap (the same with --overlap-forward), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
+    p.add_argument("--timeline-steps", default="",
+                   help="A:B: every hvdtrain arm records Horovod's timeline of its global steps A to B (of its 128: "
+                        "2 epochs of 64) and network.json keeps its summary per round: each collective's negotiation, "
+                        "fusion copies and transfer, and how long the link carried transfers per step")
     p.add_argument("--predict-from", default="",
                    help="a collectives.json of --collectives-only at the same --rate, --cpu-quota and "
                         "--cores-per-host (fitted on "

@@ -324,7 +324,8 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
         f"hvdtrain: error: --cores-per-host {many}: this process may run on {many - 1} core(s) only"], describe(bad)
     result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
                                  "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--cores-per-host", "1",
-                                 "--frameworks", "torch,ddp,horovod-torch", timeout=500)
+                                 "--frameworks", "torch,ddp,horovod-torch", "--timeline-steps", "70:74",
+                                 timeout=500)
     data = json.loads((out / "network.json").read_text())
     # hosts of a core of their own beside a quota (the issue 60 emulation), said in the output and the result
     cores = sorted(os.sched_getaffinity(0))
@@ -350,6 +351,13 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
             assert all(t > 0 for v in phases.values() for t in v), (arm, phases)
     assert data["variants"]["hvdtrain torch n=2"]["rounds"][0]["phase_seconds"]["allreduce"] > 0
     assert data["machine"]["cores"] == os.cpu_count()
+    # --timeline-steps: the hvdtrain arm's Horovod timeline of steps 70..74 (its second epoch), summarized
+    summary = data["variants"]["hvdtrain torch n=2"]["rounds"][0]["timeline"]
+    assert summary["steps"] == 5 and 0 < summary["transfer_busy_fraction"] <= 1, summary
+    groups = [c for name, c in summary["collectives"].items() if name.startswith("grouped_allreduce.")]
+    assert groups and all(c["runs"] == 5 and c["transfer"] > 0 for c in groups), summary
+    assert "hvdtrain torch n=2, round 1, Horovod timeline of steps 70:74: the timeline's 5 steps" in result.stdout
+    assert "timeline" not in data["variants"]["ddp n=2"]["rounds"][0]  # no Horovod there
 
 
 @pytest.mark.machine

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from hvdtrain.phases import PHASES
+from hvdtrain.timeline import read_events, summarize as timeline_summary
 from tests.e2e.conftest import read_metrics
 from tests.helpers import PY, ROOT, describe, env, horovodrun, hvdtrain, kill_tree, run
 
@@ -66,6 +67,19 @@ def test_timeline_window_records_only_its_steps(tmp_path, framework):
     starts = [e["pid"] for e in events if e.get("ph") == "B" and e.get("name") == "ALLREDUCE"]
     assert sorted(starts.count(pid) for pid in tensors) == [2] * len(tensors), (tensors, starts)
     assert len(tensors) == 4  # two layers, weight and bias
+    # its summary, in the job's report: each collective of the window ran twice; a writer cut off mid-event reads
+    summary = timeline_summary(str(timeline), 2)
+    assert summary["collectives"] and all(c["runs"] == 2 and c["transfer"] > 0
+                                          for c in summary["collectives"].values()), summary
+    assert sum(c["tensors"] for c in summary["collectives"].values()) == 4, summary
+    assert 0 < summary["transfer_busy_fraction"] <= 1 and summary["window_seconds"] > 0, summary
+    report = run(hvdtrain("report", str(out)), timeout=60)
+    assert "Horovod timeline of steps 2..3 (rank 0):" in report.stdout, describe(report)
+    assert "the link carried transfers" in report.stdout and "2 run(s), medians: negotiation" in report.stdout
+    text = timeline.read_text()
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[:text.rindex('"ph"')])  # as a killed writer leaves it: no closing bracket, half an event
+    assert read_events(str(cut)) == events[:len(read_events(str(cut)))] and len(read_events(str(cut))) > 4
 
 
 def test_an_armed_timeline_leaves_an_idle_job_idle():
