@@ -161,13 +161,15 @@ ARM_GROUPS = {
     "torch-block": (f"{TORCH_ARM} block",),
     "torch-32k": (f"{TORCH_ARM} rcvlowat 32k",),
     "torch-overlap": (f"{TORCH_ARM} overlap forward",),
+    "torch-1group": (f"{TORCH_ARM} one group",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "horovod-torch": ("horovod torch",),
 }
 """What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (as it chooses its wait
 for a collective, and with each wait forced: horovod.torch's spinning wait, what every rank of this benchmark used
 before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo's reads waking at the library's
-32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank; and with --overlap-forward),
+32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank; with --overlap-forward; and with
+every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``),
 PyTorch DDP under
 torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
 PyTorch arms' efficiency is each against its own run on one host."""
@@ -208,6 +210,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                        env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
         f"{TORCH_ARM} overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                           ["--overlap-forward"], framework="torch"),
+        f"{TORCH_ARM} one group": lambda: hv(cluster, n, batch_size, recipe_args, timeout, ["--allreduce-groups", "1"],
+                                             framework="torch"),
         "ddp": lambda: _ddp(*common),
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),

@@ -267,7 +267,8 @@ def add_parser(sub) -> None:
                         "torch (hvdtrain on PyTorch), torch-spin and torch-block (the same with horovod.torch's "
                         "spinning wait, with hvdtrain's blocking wait), torch-32k (the same with Gloo's reads "
                         "waking at 32 KiB, the library's default, where hvdtrain chose 4 KiB), "
-                        "torch-overlap (the same with --overlap-forward), "
+                        "torch-overlap (the same with --overlap-forward), torch-1group (the same with every gradient "
+                        "in one group after the backward pass), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
     p.add_argument("--timeline-steps", default="",
