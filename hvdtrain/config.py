@@ -114,7 +114,8 @@ class TrainConfig:
     allreduce_groups: int = -1
     """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
     queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): on the CPU,
-    PyTorch's gradients in DDP's buckets (the first of 1 MiB, then 25 MiB each) and MXNet's in one group; 0 on a
+    PyTorch's gradients in DDP's buckets (the first of 1 MiB, then 25 MiB each; one group after the backward pass
+    where a CPU quota leaves any rank less than a core, unless --overlap-forward) and MXNet's in one group; 0 on a
     GPU, with --elastic and with --adasum. On PyTorch the groups follow the backward pass (the parameters last
     registered first; N cuts them into N runs of about equal bytes), so the first is sent while the pass runs; they
     honour --predivide, run no pickled collective, and count a gradient a rank did not compute as zeros (Horovod's

@@ -37,6 +37,8 @@ def announce(trainer, steps: int) -> None:
                     **({"horovod_spin_wait": os.environ.get("HOROVOD_SPIN_WAIT", "")} if b.name == "torch" else {}),
                     # Gloo's read low-water mark (resources.gloo_rcvlowat): "" is the library's default, 32 KiB
                     "horovod_gloo_rcvlowat": os.environ.get("HOROVOD_GLOO_RCVLOWAT", ""),
+                    # --allreduce-groups auto under a CPU quota (Backend.allreduce_groups): why one group, or ""
+                    "allreduce_groups_reason": b.allreduce_groups_reason,
                     **({"output_url": trainer.output_url} if getattr(trainer, "output_url", "") else {})}
         json.dump(resolved, f, indent=2, sort_keys=True)
     target = schedule.scaled_lr(cfg.base_lr, b.lr_workers(cfg), cfg.accumulate)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Tuple
 
 def parse_window(text: str) -> Tuple[int, int]:
     """(A, B) of ``--timeline-steps A:B``; a ConfigError in one line otherwise."""
-    from .config import ConfigError
+    from .basics import ConfigError
     try:
         a, b = (int(v) for v in text.split(":"))
     except ValueError:

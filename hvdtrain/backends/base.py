@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import precision as precisions
 from ..phases import PhaseTimer
-from .resources import (cgroup_cpu_quota, cgroup_key, decode_cores, encode_cores, host_key, own_cores,
+from .resources import (below_a_core, cgroup_cpu_quota, cgroup_key, decode_cores, encode_cores, host_key, own_cores,
                         slurm_cpus_per_task, thread_budget)
 
 
@@ -228,13 +228,30 @@ class Backend(abc.ABC):
     """What ``--allreduce-groups`` auto means on the CPU: one group here (measured in ``bench ddp``); the PyTorch
     backend's groups follow the backward pass instead (torch_groups.BUCKETS)."""
 
+    quota_allreduce_groups: Optional[int] = None
+    """What auto means on the CPU when a rank of the job (any: they agree) has less than a core under a CPU quota
+    (resources.below_a_core); None: :attr:`cpu_allreduce_groups` there too."""
+    allreduce_groups_reason = ""
+    """Why auto chose :attr:`quota_allreduce_groups` (for config.json); empty otherwise."""
+
     def allreduce_groups(self, cfg) -> int:
-        """``--allreduce-groups`` with auto (-1) resolved: :attr:`cpu_allreduce_groups` on the CPU, none on a GPU
-        (per-gradient allreduces overlap the backward pass there), none in elastic mode (see the config) and none with
-        Adasum (Horovod's Adasum optimizer combines each parameter on its own)."""
+        """``--allreduce-groups`` with auto (-1) resolved: :attr:`cpu_allreduce_groups` on the CPU, or
+        :attr:`quota_allreduce_groups` where a rank has less than a core under a quota (unless --overlap-forward asks
+        for groups), none on a GPU (per-gradient allreduces overlap the backward pass there), none in elastic mode (see
+        the config) and none with Adasum (Horovod's Adasum optimizer combines each parameter on its own). Called once,
+        in setup, on every rank (the quota's answer is agreed in one allgather: groups must be the same on all)."""
         if cfg.allreduce_groups >= 0:
             return cfg.allreduce_groups
-        return 0 if self.on_gpu or cfg.elastic or cfg.adasum else self.cpu_allreduce_groups
+        if self.on_gpu or cfg.elastic or cfg.adasum:
+            return 0
+        if self.quota_allreduce_groups is not None and self.size > 1 and not cfg.overlap_forward:
+            below = [row[0] for row in self.allgather_floats([1.0 if below_a_core() else 0.0])]
+            if any(below):
+                self.allreduce_groups_reason = (f"rank {below.index(1.0)} has less than a core under a CPU quota: "
+                                                f"the gradients go in {self.quota_allreduce_groups} group(s) after "
+                                                f"the backward pass")
+                return self.quota_allreduce_groups
+        return self.cpu_allreduce_groups
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

@@ -109,6 +109,10 @@ class TorchBackend(Backend):
     # --allreduce-groups auto on the CPU: DDP's buckets in the backward pass's order (torch_groups): the first, small,
     # is sent while the rest of the backward pass runs, where one group waits for all of it.
     cpu_allreduce_groups = BUCKETS
+    # Under a quota of less than a core per rank, the first bucket sent while the backward pass runs slows both on
+    # a host that must share its quota between them, and the ring runs at its slowest host's pace: one group after
+    # the backward pass (8 shaped hosts of a quarter core: 325.8 against 295.5 img/s; docs/bench/pytorch-at-scale.md).
+    quota_allreduce_groups = 1
 
     def __init__(self):
         self.hvd = None

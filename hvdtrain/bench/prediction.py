@@ -76,9 +76,15 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     compute = profile.scaled(batch / one[mxnet[0]]["images_per_sec"]) if mxnet else None  # the single worker's step
     torch = profile.scaled(batch / one[TORCH_ARM]["images_per_sec"]) if TORCH_ARM in one else None
     # hvdtrain's arms send their gradients in groups on the CPU (--allreduce-groups auto): MXNet's one group after
-    # the backward pass, PyTorch's DDP buckets (the first leaves during it); stock Horovod's one per gradient.
+    # the backward pass, PyTorch's DDP buckets (the first leaves during it), or one group where a quota leaves the
+    # host's one rank less than a core (Backend.allreduce_groups); stock Horovod's one per gradient.
     sizes = [int(b) for b, _ in profile.gradients]
-    hvdtrain_arm = {arm: c.in_groups(plan_sizes(sizes, backend.cpu_allreduce_groups)) if c is not None else None
+    below = 0 < float(result.get("cpu_quota_cores") or 0) < 1
+
+    def groups(backend) -> int:
+        return backend.quota_allreduce_groups if below and backend.quota_allreduce_groups is not None \
+            else backend.cpu_allreduce_groups
+    hvdtrain_arm = {arm: c.in_groups(plan_sizes(sizes, groups(backend))) if c is not None else None
                     for arm, c, backend in (("hvdtrain", compute, Backend), (TORCH_ARM, torch, TorchBackend))}
     cores, cpu_fit = float(result.get("cpu_quota_cores") or 0), calibration.get("allreduce_cpu_seconds")
     host_cpu = {}

@@ -356,6 +356,8 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
     assert summary["steps"] == 5 and 0 < summary["transfer_busy_fraction"] <= 1, summary
     groups = [c for name, c in summary["collectives"].items() if name.startswith("grouped_allreduce.")]
     assert groups and all(c["runs"] == 5 and c["transfer"] > 0 for c in groups), summary
+    # under a quota of less than a core per rank (0.9) every gradient goes in one group, after the backward pass
+    assert len(groups) == 1 and groups[0]["tensors"] == 8, summary
     assert "hvdtrain torch n=2, round 1, Horovod timeline of steps 70:74: the timeline's 5 steps" in result.stdout
     assert "timeline" not in data["variants"]["ddp n=2"]["rounds"][0]  # no Horovod there
 

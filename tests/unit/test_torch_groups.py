@@ -59,6 +59,36 @@ def test_auto_is_ddps_buckets_on_pytorchs_cpu_and_one_group_on_mxnets():
     assert TorchBackend().allreduce_groups(SimpleNamespace(allreduce_groups=-1, elastic=True, adasum=False)) == 0
 
 
+def test_auto_is_one_group_after_the_backward_pass_when_any_rank_has_less_than_a_core(monkeypatch):
+    """Under a CPU quota of less than a core per rank the first bucket, sent while the backward pass runs, slows both
+    (8 shaped hosts of a quarter core: 295.5 img/s with DDP's buckets, 325.8 with one group). The ranks agree in one
+    allgather (every rank must send the same groups); --overlap-forward asks for groups and keeps them."""
+    from types import SimpleNamespace
+    from hvdtrain.backends import base
+    from hvdtrain.backends.mxnet import MXNetBackend
+    from hvdtrain.backends.torch import TorchBackend
+    cfg = SimpleNamespace(allreduce_groups=-1, elastic=False, adasum=False, overlap_forward=False)
+
+    def backend(rows, cls=TorchBackend):
+        b = cls()
+        b.size, b.on_gpu, b.gathered = len(rows), False, []
+        b.allgather_floats = lambda values: (b.gathered.append(values), rows)[1]
+        return b
+
+    monkeypatch.setattr(base, "below_a_core", lambda: False)
+    b = backend([[0.0], [1.0]])  # rank 1's host is below a core
+    assert b.allreduce_groups(cfg) == 1 and b.gathered == [[0.0]]
+    assert "rank 1 has less than a core under a CPU quota" in b.allreduce_groups_reason
+    b = backend([[0.0], [0.0]])
+    assert b.allreduce_groups(cfg) == BUCKETS and b.allreduce_groups_reason == ""
+    monkeypatch.setattr(base, "below_a_core", lambda: True)
+    b = backend([[1.0], [1.0]])
+    assert b.allreduce_groups(SimpleNamespace(**{**vars(cfg), "overlap_forward": True})) == BUCKETS
+    assert b.gathered == []  # no collective where nothing is to be decided
+    assert backend([[1.0], [1.0]]).allreduce_groups(SimpleNamespace(**{**vars(cfg), "allreduce_groups": 3})) == 3
+    assert backend([[1.0], [1.0]], MXNetBackend).allreduce_groups(cfg) == 1
+
+
 @pytest.mark.parametrize("other, named", [
     (dict(framework="mxnet"), "--framework mxnet"), (dict(elastic=True), "--elastic"), (dict(adasum=True), "--adasum"),
     (dict(shard_optimizer=True), "--shard-optimizer"), (dict(allreduce_groups=0), "--allreduce-groups 0"),
