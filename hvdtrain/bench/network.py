@@ -100,7 +100,8 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
                 "horovod": {n: 2 * (n - 1) / n * gradient_mb * 8e6 / rate_bits(rate) for n in hosts},
                 "ps 1 server": {n: (n - 1) * gradient_mb * 8e6 / rate_bits(rate) for n in hosts}},
             **collectives, **link,
-            "timeline_steps": timeline_steps or None, "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
+            "timeline_steps": timeline_steps or None,
+            "rounds": rounds, "steps": steps, "warmup": warmup, "batch_size": batch_size, "threads_per_rank": 1,
             "arms": list(arms), "variants": res, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
