@@ -368,8 +368,8 @@ class TrainConfig:
         """(A, B) of --timeline-steps (or its default when only --timeline is set); None: no timeline."""
         if not self.timeline_file and not self.timeline_steps:
             return None
-        from .timeline import parse_window
-        return parse_window(self.timeline_steps or "1:20")
+        from .timeline import DEFAULT_WINDOW, parse_window
+        return parse_window(self.timeline_steps or DEFAULT_WINDOW)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -181,16 +181,15 @@ def render_text(output_dir: str) -> str:
 
 def _timeline_lines(output_dir: str, cfg: Dict[str, Any]) -> List[str]:
     """The summary of the job's Horovod timeline (``--timeline-steps``), where rank 0 wrote one."""
-    window = str(cfg.get("timeline_steps") or ("1:20" if cfg.get("timeline_file") else ""))  # as TrainConfig reads it
+    window = cfg.get("timeline_steps") or (timeline.DEFAULT_WINDOW if cfg.get("timeline_file") else "")
     path = cfg.get("timeline_file") or os.path.join(output_dir, "timeline.json")
-    if ":" not in window or not os.path.exists(path):
+    if not window or not os.path.exists(path):
         return []
-    first, last = (int(x) for x in window.split(":"))
     steps = [r["global_step"] for r in read_records(output_dir) if r.get("global_step")]
-    last = min([last] + steps[-1:])  # a window past the job's end closed at it
     try:
+        first, last = timeline.recorded_steps(window, steps[-1] if steps else 2 ** 62)
         summary = timeline.summarize(path, last - first + 1)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError) as e:  # ConfigError is a ValueError
         return ["", f"  Horovod timeline: {path} could not be read ({e})"]
     return ["", f"  Horovod timeline of steps {first}..{last} (rank 0):"] + \
         [f"    {line}" for line in timeline.describe_summary(summary)]

@@ -10,6 +10,10 @@ import statistics
 from typing import Any, Dict, List, Tuple
 
 
+DEFAULT_WINDOW = "1:20"
+"""The window of a timeline asked for by --timeline-file alone."""
+
+
 def parse_window(text: str) -> Tuple[int, int]:
     """(A, B) of ``--timeline-steps A:B``; a ConfigError in one line otherwise."""
     from .basics import ConfigError
@@ -20,6 +24,13 @@ def parse_window(text: str) -> Tuple[int, int]:
     if not 1 <= a <= b:
         raise ConfigError(f"--timeline-steps A:B needs 1 <= A <= B, got {text!r}")
     return a, b
+
+
+def recorded_steps(text: str, last_step: int) -> Tuple[int, int]:
+    """The first and last step a window ``text`` (A:B) recorded in a run whose last global step was ``last_step``
+    (a window past the run's end closed at it)."""
+    first, last = parse_window(text)
+    return first, min(last, last_step)
 
 
 class TimelineWindow:
@@ -69,9 +80,9 @@ def summarize(path: str, steps: int) -> Dict[str, Any]:
     """Where the window's collectives spent their time, from rank 0's timeline of ``steps`` steps: per collective (a
     grouped allreduce's members taken together), how many it ran and the median of its negotiation (from this rank's
     request to the agreement of all: the wait for the slowest rank's tensor and for the transfers queued before it),
-    its copies into and out of the
-    fusion buffer and its transfer (Gloo's or MPI's operation); and the time the transfers kept the link busy (the
-    union of their spans), per step and as a fraction of the window (the first event to the last)."""
+    its copies into and out of the fusion buffer and its transfer (Gloo's or MPI's operation); and the time the
+    transfers kept the link busy (the union of their spans), per step and as a fraction of the window (the first
+    event to the last)."""
     names: Dict[int, str] = {}
     members: Dict[str, int] = {}
     spans: Dict[Tuple[str, str], Dict[float, float]] = {}  # (collective, activity) -> start of each run -> seconds

@@ -250,8 +250,17 @@ class Backend(abc.ABC):
                 self.allreduce_groups_reason = (f"rank {below.index(1.0)} has less than a core under a CPU quota: "
                                                 f"the gradients go in {self.quota_allreduce_groups} group(s) after "
                                                 f"the backward pass")
-                return self.quota_allreduce_groups
-        return self.cpu_allreduce_groups
+            return self.cpu_groups(any(below))
+        return self.cpu_groups(False)
+
+    @classmethod
+    def cpu_groups(cls, below_a_core: bool) -> int:
+        """What auto means on the CPU: :attr:`quota_allreduce_groups` where a rank of the job has less than a core
+        under a CPU quota and the backend has such a choice, :attr:`cpu_allreduce_groups` otherwise (the cost model
+        asks this too)."""
+        if below_a_core and cls.quota_allreduce_groups is not None:
+            return cls.quota_allreduce_groups
+        return cls.cpu_allreduce_groups
 
     def lr_workers(self, cfg) -> int:
         """The number of workers the learning rate is scaled by: the world size when gradients are averaged (the

@@ -128,8 +128,8 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
                   "phase_seconds": last.get("phase_seconds")}
         path = os.path.join(out, "timeline.json")
         if timeline_steps and os.path.exists(path):
-            first, end = (int(x) for x in timeline_steps.split(":"))
-            result["timeline"] = timeline.summarize(path, min(end, int(last["global_step"])) - first + 1)
+            first, end = timeline.recorded_steps(timeline_steps, int(last["global_step"]))
+            result["timeline"] = timeline.summarize(path, end - first + 1)
         elif timeline_steps:
             result["timeline"] = {"error": f"no timeline: the run had {last['global_step']} steps"}
         return result
@@ -203,13 +203,13 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
         "ps server per host": lambda: _ps(cluster, n, n, steps, warmup, batch_size, recipe_args, timeout),
         TORCH_ARM: lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch"),
         f"{TORCH_ARM} spin": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
-                                               env={"HOROVOD_SPIN_WAIT": "1"}),
+                                        env={"HOROVOD_SPIN_WAIT": "1"}),
         f"{TORCH_ARM} block": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
-                                                env={"HOROVOD_SPIN_WAIT": "0"}),
+                                         env={"HOROVOD_SPIN_WAIT": "0"}),
         f"{TORCH_ARM} rcvlowat 32k": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
-                                                       env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
+                                                env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
         f"{TORCH_ARM} overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
-                                                          ["--overlap-forward"], framework="torch"),
+                                                   ["--overlap-forward"], framework="torch"),
         f"{TORCH_ARM} one group": lambda: hv(cluster, n, batch_size, recipe_args, timeout, ["--allreduce-groups", "1"],
                                              framework="torch"),
         "ddp": lambda: _ddp(*common),

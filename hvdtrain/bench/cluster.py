@@ -172,7 +172,7 @@ QUEUE_MS = 50.0
 
 @contextlib.contextmanager
 def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0,
-                   cores_per_host: int = 0, queue_ms: float = QUEUE_MS) -> Iterator[Cluster]:
+                   cores_per_host: int = 0) -> Iterator[Cluster]:
     """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
     rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none) and pinned to
     ``cores_per_host`` cores of its own (:class:`CpuSet`; 0: none); all of it removed on the way out."""
@@ -194,7 +194,7 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
             cluster = Cluster(state, hosts, *groups)
             for prefix, dev in cluster.links():
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                      "latency", f"{queue_ms:g}ms"], f"tc on {dev}")
+                      "latency", f"{QUEUE_MS:g}ms"], f"tc on {dev}")
             print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
                   + (f", each host to {cpu_quota:g} cores" if cpu_quota else "")
                   + "".join(f", {g.describe()}" for g in groups if isinstance(g, CpuSet)), flush=True)

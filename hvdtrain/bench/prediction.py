@@ -80,11 +80,7 @@ def predict(result: Dict, calibration: Dict) -> List[Dict]:
     # host's one rank less than a core (Backend.allreduce_groups); stock Horovod's one per gradient.
     sizes = [int(b) for b, _ in profile.gradients]
     below = 0 < float(result.get("cpu_quota_cores") or 0) < 1
-
-    def groups(backend) -> int:
-        return backend.quota_allreduce_groups if below and backend.quota_allreduce_groups is not None \
-            else backend.cpu_allreduce_groups
-    hvdtrain_arm = {arm: c.in_groups(plan_sizes(sizes, groups(backend))) if c is not None else None
+    hvdtrain_arm = {arm: c.in_groups(plan_sizes(sizes, backend.cpu_groups(below))) if c is not None else None
                     for arm, c, backend in (("hvdtrain", compute, Backend), (TORCH_ARM, torch, TorchBackend))}
     cores, cpu_fit = float(result.get("cpu_quota_cores") or 0), calibration.get("allreduce_cpu_seconds")
     host_cpu = {}
