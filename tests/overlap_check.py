@@ -5,11 +5,11 @@
 Two copies of one small network (convolutions, then a large fully connected layer and a small one), trained side by
 side on each rank's own batches for STEPS steps with each OPTIMIZER in turn (sgd with momentum and weight decay, adam
 with amsgrad, adamw, or lamb), the learning rate changed before every step as a warmup does: one through hvdtrain's
-grouped allreduces, one with ``overlap_forward``. Every weight must be equal to the bit after every step (the late
-parameter, which the next step's forward pass updates at that step's rate, after the last), the late parameter must be
-the large layer's weight, and after the last step the optimizers' states (momentum, moments, step counts) must be
-equal too. Then a network that uses that weight outside its module's forward pass must be refused at its second
-step, in one line. Prints one line per rank; exit status 1 when anything differs.
+grouped allreduces, one with ``overlap_forward``, in DDP's buckets and again in one group. Every weight must be equal
+to the bit after every step (the late parameter, which the next step's forward pass updates at that step's rate, after
+the last), the late parameter must be the large layer's weight, and after the last step the optimizers' states
+(momentum, moments, step counts) must be equal too. Then a network that uses that weight outside its module's forward
+pass must be refused at its second step, in one line. Prints one line per rank; exit status 1 when anything differs.
 """
 import sys
 
@@ -22,6 +22,9 @@ from hvdtrain.backends.torch_groups import BUCKETS, distributed_optimizer
 from hvdtrain.backends.torch_optim import LAMB
 
 STEPS = 6
+GROUPINGS = ((BUCKETS, "DDP's buckets"), (1, "one group"))
+"""The groups checked: DDP's buckets (the second half after the first layers' group) and one group (the second half
+right behind it)."""
 
 
 def network() -> nn.Module:
@@ -42,14 +45,14 @@ class Functional(nn.Module):
         return out(F.relu(F.linear(torch.flatten(F.relu(conv(x)), 1), fc.weight, fc.bias)))
 
 
-def optimizer_for(model: nn.Module, kind: str, overlap: bool):
+def optimizer_for(model: nn.Module, kind: str, overlap: bool, groups: int = BUCKETS):
     named = list(model.named_parameters())
     params = [p for _, p in named]
     inner = {"sgd": lambda: torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3),
              "adam": lambda: torch.optim.Adam(params, lr=0.01, weight_decay=1e-3, amsgrad=True),
              "adamw": lambda: torch.optim.AdamW(params, lr=0.01, weight_decay=1e-2),
              "lamb": lambda: LAMB(params, lr=0.01, weight_decay=1e-3)}[kind]()
-    return distributed_optimizer(inner, named, hvd.Compression.none, 1, 1.0, BUCKETS, overlap)
+    return distributed_optimizer(inner, named, hvd.Compression.none, 1, 1.0, groups, overlap)
 
 
 def train_step(model, optimizer, x, y, rate: float) -> None:
@@ -62,10 +65,10 @@ def train_step(model, optimizer, x, y, rate: float) -> None:
     optimizer.zero_grad()
 
 
-def check(kind: str, rank: int) -> list:
-    """What differs with ``kind`` (empty when nothing does)."""
+def check(kind: str, rank: int, groups: int) -> list:
+    """What differs with ``kind`` and ``groups`` (empty when nothing does)."""
     plain, late = network(), network()
-    p_opt, l_opt = optimizer_for(plain, kind, False), optimizer_for(late, kind, True)
+    p_opt, l_opt = optimizer_for(plain, kind, False, groups), optimizer_for(late, kind, True, groups)
     l_opt._late.hook(l_opt, late)
     wrong = []
     if l_opt._late.param is not late[3].weight:
@@ -110,10 +113,11 @@ def main() -> int:
     hvd.init()
     rank, failed = hvd.rank(), False
     for kind in sys.argv[1:]:
-        wrong = check(kind, rank)
+        wrong = [f"{label}: {what}" for groups, label in GROUPINGS for what in check(kind, rank, groups)]
         failed = failed or bool(wrong)
         print(f"rank {rank}: " + ("; ".join(wrong[:5]) if wrong else
-                                  f"{STEPS} steps of {kind} equal to the bit; the functional use refused"), flush=True)
+                                  f"{STEPS} steps of {kind} equal to the bit in DDP's buckets and in one group; the "
+                                  f"functional use refused"), flush=True)
     hvd.shutdown()
     return 1 if failed else 0
 

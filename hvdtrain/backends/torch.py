@@ -225,10 +225,7 @@ class TorchBackend(Backend):
                               f"{self.precision} chose one): its overflow check needs every gradient before any "
                               f"update; choose --precision bf16 or fp32, or --loss-scale none")
         self.late = self.optimizer._late
-        if self.late is None:
-            if self.rank == 0:
-                print("hvdtrain: warning: --overlap-forward does nothing here: the gradients go as one group, so "
-                      "no layer's forward pass can run before the last of them arrives", file=sys.stderr, flush=True)
+        if self.late is None:  # no parameter to train
             return
         self.late.hook(self.optimizer, self.model)
         if self.rank == 0:

@@ -152,7 +152,8 @@ def _into(destination, result) -> None:
 class LateParameter:
     """--overlap-forward: the largest gradient of the group the backward pass completes first (``param``, of a layer
     near the output), sent in two halves: the first with its group, the second after the group the backward pass
-    completes last (``after``, the first layers'). synchronize() then waits for everything but the second half, and
+    completes last (``after``, the first layers'; with one group, that group: the second half goes right behind
+    it). synchronize() then waits for everything but the second half, and
     the step updates every other parameter; the parameter itself is updated by :meth:`settle`, which the module
     that owns it calls as the next forward pass reaches it (a forward pre-hook), and the backend before anything
     reads the model.
@@ -278,8 +279,8 @@ def distributed_optimizer(optimizer, named_parameters: Iterable, compression, ba
                           predivide: float, groups: int, overlap_forward: bool = False):
     """``hvd.DistributedOptimizer(optimizer, ..., op=Average, groups=groups)`` with the grouped path fixed (see the
     module docstring); ``groups`` > 0, or :data:`BUCKETS`; ``named_parameters`` in the model's registration order.
-    ``overlap_forward``: the first group's largest gradient as a :class:`LateParameter` (``optimizer._late``; None
-    when the groups are one)."""
+    ``overlap_forward``: the first group's largest gradient as a :class:`LateParameter` (``optimizer._late``; with
+    one group, the second half follows that group)."""
     named_parameters = list(named_parameters)
     from horovod.torch.mpi_ops import Average
     from horovod.torch.optimizer import _DistributedOptimizer
@@ -292,7 +293,7 @@ def distributed_optimizer(optimizer, named_parameters: Iterable, compression, ba
     # The groups as Horovod's list form (which its own _register_hooks would broadcast; ours takes them as they are).
     planned = [list(group) for group in plan([p for _, p in named_parameters], groups)]
     late = None
-    if overlap_forward and len(planned) > 1:
+    if overlap_forward and planned:  # one group: the second half right behind it
         late = LateParameter(max(planned[0], key=lambda p: p.numel()), tuple(planned[-1]))
         compression = _Halves(compression)
     built = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, Average, predivide,

@@ -162,6 +162,7 @@ ARM_GROUPS = {
     "torch-32k": (f"{TORCH_ARM} rcvlowat 32k",),
     "torch-overlap": (f"{TORCH_ARM} overlap forward",),
     "torch-1group": (f"{TORCH_ARM} one group",),
+    "torch-1group-overlap": (f"{TORCH_ARM} one group overlap forward",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "horovod-torch": ("horovod torch",),
 }
@@ -169,7 +170,8 @@ ARM_GROUPS = {
 for a collective, and with each wait forced: horovod.torch's spinning wait, what every rank of this benchmark used
 before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo's reads waking at the library's
 32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank; with --overlap-forward; and with
-every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``),
+every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``, and that with
+--overlap-forward),
 PyTorch DDP under
 torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
 PyTorch arms' efficiency is each against its own run on one host."""
@@ -212,6 +214,9 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                    ["--overlap-forward"], framework="torch"),
         f"{TORCH_ARM} one group": lambda: hv(cluster, n, batch_size, recipe_args, timeout, ["--allreduce-groups", "1"],
                                              framework="torch"),
+        f"{TORCH_ARM} one group overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
+                                                             ["--allreduce-groups", "1", "--overlap-forward"],
+                                                             framework="torch"),
         "ddp": lambda: _ddp(*common),
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),

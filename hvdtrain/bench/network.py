@@ -269,7 +269,7 @@ def add_parser(sub) -> None:
                         "spinning wait, with hvdtrain's blocking wait), torch-32k (the same with Gloo's reads "
                         "waking at 32 KiB, the library's default, where hvdtrain chose 4 KiB), "
                         "torch-overlap (the same with --overlap-forward), torch-1group (the same with every gradient "
-                        "in one group after the backward pass), "
+                        "in one group after the backward pass), torch-1group-overlap (that with --overlap-forward), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
     p.add_argument("--timeline-steps", default="",

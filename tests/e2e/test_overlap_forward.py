@@ -21,7 +21,8 @@ def test_the_late_update_equals_the_plain_groups_to_the_bit(optimizers):
     result = run(horovodrun(2, PY, CHECK, *optimizers), timeout=240)
     assert result.returncode == 0, describe(result)
     for optimizer in optimizers:
-        assert result.output.count(f"6 steps of {optimizer} equal to the bit; the functional use refused") == 2, \
+        assert result.output.count(f"6 steps of {optimizer} equal to the bit in DDP's buckets and in one group; the "
+                                   f"functional use refused") == 2, \
             describe(result)
 
 
