@@ -113,6 +113,25 @@ def summarize(path: str, steps: int) -> Dict[str, Any]:
             runs[key] = max(runs.get(key, 0.0), end - start)
             if kind == "transfer":
                 transfers.append((start, end))
+    return _summary(spans, members, transfers, first, last, steps)
+
+
+def summarize_transfers(runs: List[Tuple[str, int, float, float]], steps: int) -> Dict[str, Any]:
+    """:func:`summarize`'s result from transfers timed elsewhere (``bench network``'s DDP arms time each bucket's
+    allreduce in a comm hook): ``runs`` as (collective, its tensors, start, end) in seconds; the window from the first
+    start to the last end."""
+    spans: Dict[Tuple[str, str], Dict[float, float]] = {}
+    members: Dict[str, int] = {}
+    for name, tensors, start, end in runs:
+        spans.setdefault((name, "transfer"), {})[start] = end - start
+        members[name] = tensors
+    first = min((r[2] for r in runs), default=0.0)
+    last = max((r[3] for r in runs), default=0.0)
+    return _summary(spans, members, [(r[2], r[3]) for r in runs], first, last, steps)
+
+
+def _summary(spans: Dict[Tuple[str, str], Dict[float, float]], members: Dict[str, int],
+             transfers: List[Tuple[float, float]], first: float, last: float, steps: int) -> Dict[str, Any]:
     busy, reach = 0.0, float("-inf")
     for start, end in sorted(transfers):
         busy += max(0.0, end - max(start, reach))
@@ -128,9 +147,9 @@ def summarize(path: str, steps: int) -> Dict[str, Any]:
             "transfer_busy_fraction": busy / window if window else 0.0, "collectives": collectives}
 
 
-def describe_summary(summary: Dict[str, Any]) -> List[str]:
-    """:func:`summarize` in lines, the longest transfers first."""
-    lines = [f"the timeline's {summary['steps']} steps ({summary['window_seconds']:.2f} s): the link carried "
+def describe_summary(summary: Dict[str, Any], whose: str = "the timeline's") -> List[str]:
+    """:func:`summarize` in lines, the longest transfers first; ``whose`` steps they were."""
+    lines = [f"{whose} {summary['steps']} steps ({summary['window_seconds']:.2f} s): the link carried "
              f"transfers {1e3 * summary['transfer_busy_seconds_per_step']:.1f} ms a step, "
              f"{100 * summary['transfer_busy_fraction']:.0f}% of the window"]
     ordered = sorted(summary["collectives"].items(), key=lambda kv: -kv[1].get("transfer", 0.0) * kv[1]["runs"])

@@ -66,11 +66,12 @@ def _horovod(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int,
 
 
 def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
-         timeout: float, bucket_cap_mb: Optional[float] = None) -> Dict:
+         timeout: float, bucket_cap_mb: Optional[float] = None, bucket_times: bool = False) -> Dict:
     """PyTorch DDP as its documentation runs it on several machines: ``torchrun --nnodes n --node-rank i
     --master-addr host0`` on every host (inside its namespace and quota), c10d's Gloo backend on the hosts' eth0,
     the same model, batch and loop as Horovod's (``hvdtrain.bench.loops ddp-torch``); ``bucket_cap_mb``: DDP's
-    gradient bucket size (None: its default, 25 MB)."""
+    gradient bucket size (None: its default, 25 MB); ``bucket_times``: each bucket's allreduce timed in a comm hook
+    (``--bucket-times``), summarized as the hvdtrain arms' timelines are (``timeline`` in the result)."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     port = str(free_port())
     with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
@@ -79,6 +80,8 @@ def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, rec
                 str(warmup), "--batch-size", str(batch_size), "--threads", "1", "--result", result]
         if bucket_cap_mb is not None:
             loop += ["--bucket-cap-mb", f"{bucket_cap_mb:g}"]
+        if bucket_times:
+            loop += ["--bucket-times"]
         env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
         procs = []
         try:
@@ -105,8 +108,9 @@ def _ddp(cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, rec
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         with open(result) as f:
-            ips = json.load(f)["images_per_sec"]
-        return {"images_per_sec": float(ips), **_rank_cpu(result)}
+            written = json.load(f)
+        timed = {"timeline": written["timeline"]} if "timeline" in written else {}
+        return {"images_per_sec": float(written["images_per_sec"]), **_rank_cpu(result), **timed}
 
 
 def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[str], timeout: float,
@@ -194,7 +198,8 @@ def parse_arms(text: str) -> Tuple[str, ...]:
 def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_size: int, recipe_args: Sequence[str],
          timeout: float, timeline_steps: str = ""):
     """A zero-argument run of arm ``name`` on ``n`` hosts; ``timeline_steps``: the hvdtrain arms record Horovod's
-    timeline of those steps (``--timeline-steps``) and return its summary."""
+    timeline of those steps (``--timeline-steps``) and return its summary, and the DDP arms time their buckets'
+    allreduces over their timed steps and return the same summary of them."""
     common = (cluster, n, steps, warmup, batch_size, recipe_args, timeout)
     hv = functools.partial(_hvdtrain, timeline_steps=timeline_steps)
     runs = {
@@ -217,8 +222,9 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
         f"{TORCH_ARM} one group overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                              ["--allreduce-groups", "1", "--overlap-forward"],
                                                              framework="torch"),
-        "ddp": lambda: _ddp(*common),
-        f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB),
+        "ddp": lambda: _ddp(*common, bucket_times=bool(timeline_steps)),
+        f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB,
+                                                               bucket_times=bool(timeline_steps)),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),
     }
     return runs[name]

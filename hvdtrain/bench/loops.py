@@ -221,10 +221,36 @@ def ddp_torch(args) -> dict:
     # broadcasts rank 0's parameters; --bucket-cap-mb: DDP's gradient buckets (its default 25 MB when not given)
     buckets = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
     model = torch.nn.parallel.DistributedDataParallel(model, **buckets)
+    runs: list = []
+    if args.bucket_times:
+        model.register_comm_hook(None, _timed_allreduce(runs))
     seconds = _torch_steps(model, opt, trainer, args, torch.device("cpu"))
     dist.barrier()  # no rank tears the group down while its peer still talks to it (a SIGABRT was seen)
     dist.destroy_process_group()
-    return {"rank": rank, "size": size, "seconds": seconds}
+    out = {"rank": rank, "size": size, "seconds": seconds}
+    if args.bucket_times:
+        from ..timeline import summarize_transfers
+        out["timeline"] = summarize_transfers([r for r in runs if r[2] >= args.window[0]], args.steps)
+    return out
+
+
+def _timed_allreduce(runs: list):
+    """``--bucket-times``: a DDP comm hook that does what DDP's default does (the bucket divided by the world size,
+    then summed by an asynchronous allreduce) and appends (``ddp bucket I``, its gradients, start, end) to ``runs``:
+    from the hook's call to the allreduce's completion (its future's callback), in time.time() seconds, which Horovod's
+    timeline summary reads as transfers (:func:`hvdtrain.timeline.summarize_transfers`)."""
+    import torch.distributed as dist
+
+    def hook(state, bucket):
+        start, tensor = time.time(), bucket.buffer()
+        tensor.div_(dist.get_world_size())
+        name, count = f"ddp bucket {bucket.index()}", len(bucket.gradients())
+
+        def done(future):
+            runs.append((name, count, start, time.time()))
+            return future.value()[0]
+        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+    return hook
 
 
 def loader(args) -> dict:
@@ -266,6 +292,9 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="PyTorch loops")
     parser.add_argument("--result", required=True, help="JSON file rank 0 writes")
     parser.add_argument("--bucket-cap-mb", type=float, default=None, help="ddp-torch: DDP's bucket size")
+    parser.add_argument("--bucket-times", action="store_true",
+                        help="ddp-torch: time each bucket's allreduce (a comm hook that does DDP's default); rank 0's "
+                             "result then holds their summary as Horovod's timeline summary has it, under timeline")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)  # the recipe's own options come after --
     args = parser.parse_args(argv[:cut])

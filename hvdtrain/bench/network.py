@@ -106,14 +106,17 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
 
 
 def _print_timelines(result: Dict) -> None:
-    """With --timeline-steps: each hvdtrain variant's Horovod timeline, every round's."""
+    """With --timeline-steps: each hvdtrain variant's Horovod timeline and each DDP variant's bucket times, every
+    round's."""
     for name, variant in result["variants"].items():
         for r, sample in enumerate(variant.get("rounds", [])):
             summary = sample.get("timeline")
             if summary:
-                lines = [summary["error"]] if "error" in summary else timeline.describe_summary(summary)
-                print(f"{name}, round {r + 1}, Horovod timeline of steps {result['timeline_steps']}: "
-                      + "; ".join(lines))
+                ddp = name.startswith("ddp")
+                lines = [summary["error"]] if "error" in summary else timeline.describe_summary(
+                    summary, "its timed" if ddp else "the timeline's")
+                what = "its buckets' allreduces" if ddp else f"Horovod timeline of steps {result['timeline_steps']}"
+                print(f"{name}, round {r + 1}, {what}: " + "; ".join(lines))
 
 
 def _print_link_shares(result: Dict) -> None:
@@ -275,7 +278,9 @@ def add_parser(sub) -> None:
     p.add_argument("--timeline-steps", default="",
                    help="A:B: every hvdtrain arm records Horovod's timeline of its global steps A to B (of its 128: "
                         "2 epochs of 64) and network.json keeps its summary per round: each collective's negotiation, "
-                        "fusion copies and transfer, and how long the link carried transfers per step")
+                        "fusion copies and transfer, and how long the link carried transfers per step; the DDP arms "
+                        "time each bucket's allreduce over their timed steps (a comm hook doing DDP's default) and "
+                        "keep the same summary")
     p.add_argument("--predict-from", default="",
                    help="a collectives.json of --collectives-only at the same --rate, --cpu-quota and "
                         "--cores-per-host (fitted on "

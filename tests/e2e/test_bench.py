@@ -359,7 +359,16 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
     # under a quota of less than a core per rank (0.9) every gradient goes in one group, after the backward pass
     assert len(groups) == 1 and groups[0]["tensors"] == 8, summary
     assert "hvdtrain torch n=2, round 1, Horovod timeline of steps 70:74: the timeline's 5 steps" in result.stdout
-    assert "timeline" not in data["variants"]["ddp n=2"]["rounds"][0]  # no Horovod there
+    # and the DDP arms' buckets, each allreduce timed in a comm hook over the 3 timed steps, in the same summary
+    for arm in ("ddp", "ddp bucket 1mb"):
+        summary = data["variants"][f"{arm} n=2"]["rounds"][0]["timeline"]
+        assert summary["steps"] == 3 and 0 < summary["transfer_busy_fraction"] <= 1, (arm, summary)
+        buckets = summary["collectives"]
+        assert buckets and set(buckets) == {f"ddp bucket {i}" for i in range(len(buckets))}, (arm, summary)
+        assert sum(c["tensors"] for c in buckets.values()) == 8, (arm, summary)  # each gradient in one bucket
+        assert all(c["runs"] == 3 and c["transfer"] > 0 for c in buckets.values()), (arm, summary)
+        assert f"{arm} n=2, round 1, its buckets' allreduces: its timed 3 steps" in result.stdout, describe(result)
+    assert "timeline" not in data["variants"]["horovod torch n=2"]["rounds"][0]  # stock Horovod: not recorded
 
 
 @pytest.mark.machine
