@@ -202,6 +202,7 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
     allreduces over their timed steps and return the same summary of them."""
     common = (cluster, n, steps, warmup, batch_size, recipe_args, timeout)
     hv = functools.partial(_hvdtrain, timeline_steps=timeline_steps)
+    ddp = functools.partial(_ddp, *common, bucket_times=bool(timeline_steps))
     runs = {
         "horovod": lambda: _horovod(*common),
         "hvdtrain": lambda: hv(cluster, n, batch_size, recipe_args, timeout),
@@ -222,9 +223,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
         f"{TORCH_ARM} one group overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                              ["--allreduce-groups", "1", "--overlap-forward"],
                                                              framework="torch"),
-        "ddp": lambda: _ddp(*common, bucket_times=bool(timeline_steps)),
-        f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: _ddp(*common, bucket_cap_mb=DDP_TUNED_BUCKET_MB,
-                                                               bucket_times=bool(timeline_steps)),
+        "ddp": ddp,
+        f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: ddp(bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),
     }
     return runs[name]
