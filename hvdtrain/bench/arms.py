@@ -155,6 +155,7 @@ sharded: with --shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync
 every host. Their scaling efficiency is taken against one baseline, the Gluon loop alone on one host."""
 TORCH_ARM = "hvdtrain torch"
 DDP_TUNED_BUCKET_MB = 1.0
+DDP_TIMED_ARM = "ddp bucket hook"
 """The tuned DDP arm's bucket size. The 6.5 MB of gradients fit one default 25 MB bucket, which DDP sends only when
 the whole backward pass is done; 1 MB buckets start sending while it runs."""
 ARM_GROUPS = {
@@ -168,6 +169,7 @@ ARM_GROUPS = {
     "torch-1group": (f"{TORCH_ARM} one group",),
     "torch-1group-overlap": (f"{TORCH_ARM} one group overlap forward",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
+    "ddp-timed": (DDP_TIMED_ARM,),
     "horovod-torch": ("horovod torch",),
 }
 """What ``--frameworks`` names: every MXNet arm, hvdtrain on MXNet alone, hvdtrain on PyTorch (as it chooses its wait
@@ -177,7 +179,9 @@ before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo
 every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``, and that with
 --overlap-forward),
 PyTorch DDP under
-torchrun (its default bucket and a tuned one), and Horovod's own PyTorch example loop with stock settings. The
+torchrun (its default bucket and a tuned one; ``ddp-timed``: its default with the comm hook that times its buckets
+under ``--timeline-steps`` in every run, so that the hook's own cost is measured against DDP's C++ default), and
+Horovod's own PyTorch example loop with stock settings. The
 PyTorch arms' efficiency is each against its own run on one host."""
 
 
@@ -225,6 +229,7 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                              framework="torch"),
         "ddp": ddp,
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: ddp(bucket_cap_mb=DDP_TUNED_BUCKET_MB),
+        DDP_TIMED_ARM: lambda: ddp(bucket_times=True),
         "horovod torch": lambda: _horovod(*common, loop="horovod-torch"),
     }
     return runs[name]
