@@ -1,5 +1,5 @@
 """The benchmarks' shared runner: interleaved rounds, the journal that keeps samples through a later failure, and
-the machine a result was measured on."""
+the machine a result was measured on; and how an arm of bench network is run."""
 import json
 import os
 
@@ -62,3 +62,15 @@ def test_every_sample_says_how_fast_the_machine_ran_and_a_slowed_one_is_flagged(
 def test_machine_names_the_processor_and_its_cores():
     info = machine()
     assert info["cores"] == os.cpu_count() and info["cpu"]
+
+
+def test_the_ddp_timed_arm_runs_ddps_default_with_the_timing_hook_without_a_timeline(monkeypatch):
+    """``--frameworks ddp-timed``: DDP's default bucket with the comm hook that times its buckets, whether or not
+    --timeline-steps is given (the hook's own cost, against the ddp arm, which runs it only with a timeline)."""
+    from hvdtrain.bench import arms
+    calls = []
+    monkeypatch.setattr(arms, "_ddp", lambda *args, **kwargs: calls.append(kwargs) or {})
+    assert arms.parse_arms("ddp,ddp-timed") == ("ddp", "ddp bucket 1mb", arms.DDP_TIMED_ARM)
+    for name in ("ddp", arms.DDP_TIMED_ARM):
+        arms._arm(name, None, 2, 3, 1, 32, [], 60.0)()
+    assert calls == [{"bucket_times": False}, {"bucket_times": True}]
