@@ -155,9 +155,10 @@ sharded: with --shard-optimizer; ps: MXNet's parameter server (kvstore dist_sync
 every host. Their scaling efficiency is taken against one baseline, the Gluon loop alone on one host."""
 TORCH_ARM = "hvdtrain torch"
 DDP_TUNED_BUCKET_MB = 1.0
-DDP_TIMED_ARM = "ddp bucket hook"
 """The tuned DDP arm's bucket size. The 6.5 MB of gradients fit one default 25 MB bucket, which DDP sends only when
 the whole backward pass is done; 1 MB buckets start sending while it runs."""
+DDP_TIMED_ARM = "ddp bucket hook"
+"""DDP's default with the comm hook that times its buckets in every run (``--frameworks ddp-timed``)."""
 ARM_GROUPS = {
     "mxnet": ARMS,
     "hvdtrain-mxnet": ("hvdtrain",),
