@@ -1,9 +1,10 @@
 """--overlap-forward at np=2 (issue 60): the largest gradient of the first group goes in two halves with the first
 layers' group between them, and its layer is updated as the next forward pass reaches it. The updates are those of
 the plain groups to the bit (tests/overlap_check.py, at a new rate every step, with SGD, Adam, AdamW and LAMB; a
-weight used outside its module is refused); a training run is the same, record for record and bit for bit, and so is one stopped
-inside an epoch and resumed, with DDP's buckets and with one group; on the wire, the second half starts only after the first layers' group has been reduced
-apart from it, which is what lets their next forward pass run while it is sent."""
+weight used outside its module is refused); a training run is the same, record for record and bit for bit, and so is
+one stopped inside an epoch and resumed, with DDP's buckets and with one group; on the wire, the second half starts
+only after every other allreduce of its step (with DDP's buckets, the first layers' group, reduced apart from it),
+which is what lets their next forward pass run while it is sent."""
 import json
 import os
 
@@ -63,9 +64,10 @@ def plain(digits, tmp_path_factory):
     return str(out), read_metrics(str(out))[-1]["global_step"]
 
 
-def _assert_second_half_last(timeline: str) -> None:
+def _assert_second_half_last(timeline: str) -> dict:
     """Every step of the window: the late parameter's second half begins after every other allreduce of the step
-    has ended (with DDP's buckets, the first layers' group reduced apart from it; with one group, the group)."""
+    has ended (with DDP's buckets, the first layers' group reduced apart from it; with one group, the group). The
+    other allreduces' spans, by tensor name."""
     spans = _allreduces(timeline)
     second = next(spans.pop(name) for name in list(spans) if name.endswith(".second_half_1of1"))
     # (The window may close while the last step's second half is still on the wire: it is then not recorded.)
@@ -74,6 +76,7 @@ def _assert_second_half_last(timeline: str) -> None:
         ends = {name: s[step][1] for name, s in spans.items()}
         assert max(ends.values()) <= begin, f"step {step + 1} of the window: the second half began at {begin}, " \
                                             f"before the end of {max(ends, key=ends.get)} ({max(ends.values())})"
+    return spans
 
 
 def test_a_run_is_the_plain_runs_bits_resumes_mid_epoch_and_sends_the_second_half_last(digits, plain, tmp_path):
@@ -86,8 +89,7 @@ def test_a_run_is_the_plain_runs_bits_resumes_mid_epoch_and_sends_the_second_hal
     resumed = _train(digits, split, "--overlap-forward")
     assert "(epoch 0, step 7)" in resumed.output, describe(resumed)
     assert_same_end(str(full), str(split), epochs=2, steps=steps)
-    _assert_second_half_last(str(full / "timeline.json"))
-    spans = _allreduces(str(full / "timeline.json"))  # DDP's buckets: the first layers' group is one of them
+    spans = _assert_second_half_last(str(full / "timeline.json"))  # DDP's buckets: the first layers' group is one
     assert any(name.startswith("grouped_allreduce.3.bias_") for name in spans), spans
 
 
