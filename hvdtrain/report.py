@@ -35,6 +35,9 @@ def announce(trainer, steps: int) -> None:
                     "global_batch": trainer.global_batch,
                     # horovod.torch's wait for a collective (hvdtrain.backends.resources.spin_wait): "1" spins, "0" blocks
                     **({"horovod_spin_wait": os.environ.get("HOROVOD_SPIN_WAIT", "")} if b.name == "torch" else {}),
+                    # Horovod's idle wait (resources.horovod_environment): "2" negotiates a queued group at once, "1"
+                    # lets one cycle pass for more gradients, "0" is Horovod's own loop
+                    "horovod_idle_wait": os.environ.get("HOROVOD_IDLE_WAIT", ""),
                     # Gloo's read low-water mark (resources.gloo_rcvlowat): "" is the library's default, 32 KiB
                     "horovod_gloo_rcvlowat": os.environ.get("HOROVOD_GLOO_RCVLOWAT", ""),
                     # --allreduce-groups auto under a CPU quota (Backend.allreduce_groups): why one group, or ""

@@ -242,7 +242,7 @@ class Backend(abc.ABC):
         in setup, on every rank (the quota's answer is agreed in one allgather: groups must be the same on all)."""
         if cfg.allreduce_groups >= 0:
             return cfg.allreduce_groups
-        if self.on_gpu or cfg.elastic or cfg.adasum:
+        if self.auto_per_gradient(cfg, self.on_gpu):
             return 0
         if self.quota_allreduce_groups is not None and self.size > 1 and not cfg.overlap_forward:
             below = [row[0] for row in self.allgather_floats([1.0 if below_a_core() else 0.0])]
@@ -252,6 +252,22 @@ class Backend(abc.ABC):
                                                 f"the backward pass")
             return self.cpu_groups(any(below))
         return self.cpu_groups(False)
+
+    @staticmethod
+    def auto_per_gradient(cfg, on_gpu: bool) -> bool:
+        """Where ``--allreduce-groups`` auto means an allreduce per gradient: on a GPU, in elastic mode, with Adasum."""
+        return on_gpu or cfg.elastic or cfg.adasum
+
+    @classmethod
+    def per_gradient(cls, cfg, on_gpu: bool) -> bool:
+        """Whether Horovod gets the gradients one by one, as the backward pass makes them (``--allreduce-groups``
+        0, or auto where :meth:`auto_per_gradient`), rather than each group, or --shard-optimizer's one
+        reduce-scatter, queued whole. Known before hvd.init(), for the idle wait (resources.horovod_environment)."""
+        if cfg.shard_optimizer:
+            return False
+        if cfg.allreduce_groups >= 0:
+            return cfg.allreduce_groups == 0
+        return cls.auto_per_gradient(cfg, on_gpu)
 
     @classmethod
     def cpu_groups(cls, below_a_core: bool) -> int:

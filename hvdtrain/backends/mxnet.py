@@ -138,9 +138,9 @@ class MXNetBackend(Backend):
         self.threads, self.threads_reason = estimated_threads(launcher_local_size(), requested)
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
-        horovod_environment(cfg)
         self.worker_timeout = float(cfg.stall_timeout)
         mx = import_mxnet()  # without scikit-learn's import (gluoncv_compat)
+        horovod_environment(cfg, self.per_gradient(cfg, mx.context.num_gpus() > 0))  # GPUs as rank_context counts them
         import horovod.mxnet as hvd
         self.mx, self.hvd = mx, hvd
         # A GPU, or the CPU standing in for one in precision too (GPU_STAND_IN=fp16): fp16 with fp32 master weights.

@@ -128,7 +128,7 @@ class TorchBackend(Backend):
     def init(self, cfg) -> None:
         native_bf16 = self.resolve_precision(cfg, torch.cuda.is_available())
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
-        horovod_environment(cfg)
+        horovod_environment(cfg, self.per_gradient(cfg, torch.cuda.is_available()))
         self.worker_timeout = float(cfg.stall_timeout)
         import horovod.torch as hvd
         self.hvd = hvd

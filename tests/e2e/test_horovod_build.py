@@ -71,13 +71,16 @@ def _idle(mode: str) -> list:
 
 
 def test_an_idle_background_thread_waits_for_work_instead_of_cycling():
-    """Fix 3: with HOROVOD_IDLE_WAIT=1 (hvdtrain's default) an idle rank's background thread sleeps until a tensor is
-    queued. Measured here over the 2 s idle: 0.13-0.15 s of CPU per rank with Horovod's loop (a negotiation every
-    1 ms), 0.015-0.03 s with the wait (a check every 50 ms); the test asks for a 2x difference. Allreduces before and
-    after the idle stretch still agree, and shutdown is not held up by the wait."""
-    cycling, waiting = _idle("0"), _idle("1")
-    assert max(r["idle_cpu"] for r in waiting) * 2 < min(r["idle_cpu"] for r in cycling), (cycling, waiting)
-    assert all(r["shutdown_s"] < 5 for r in waiting), waiting
+    """Fix 3: with HOROVOD_IDLE_WAIT set an idle rank's background thread sleeps until a tensor is queued, in both of
+    hvdtrain's modes (1: then one cycle, for gradients queued one by one; 2: then negotiate at once, for groups).
+    Measured here over the 2 s idle: 0.13-0.15 s of CPU per rank with Horovod's loop (a negotiation every 1 ms),
+    0.015-0.03 s with the wait (a check every 50 ms); the test asks for a 2x difference. Allreduces before and after
+    the idle stretch still agree, and shutdown is not held up by the wait."""
+    cycling = _idle("0")
+    for mode in ("1", "2"):
+        waiting = _idle(mode)
+        assert max(r["idle_cpu"] for r in waiting) * 2 < min(r["idle_cpu"] for r in cycling), (mode, cycling, waiting)
+        assert all(r["shutdown_s"] < 5 for r in waiting), (mode, waiting)
 
 
 def test_horovodruns_build_checks_read_the_library_without_importing_a_framework(tmp_path):

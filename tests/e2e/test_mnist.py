@@ -54,6 +54,8 @@ def check_config(out, framework, digits, records):
     assert resolved["world_size"] == 2 and resolved["framework"] == framework and resolved["recipe"] == "mnist"
     assert resolved["global_batch"] == 2 * resolved["batch_size"] == 64 and resolved["threads_per_rank"] == 1
     assert resolved["steps_per_epoch"] == records[0]["global_step"] == 22 and resolved["data_dir"] == digits
+    # the gradients in groups (the CPU's default), each queued whole: Horovod negotiates it at once
+    assert resolved["horovod_idle_wait"] == "2", resolved
 
 
 def horovodrun_run(framework, digits, tmp_path_factory):

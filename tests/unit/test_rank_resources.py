@@ -1,4 +1,6 @@
 """What each rank may use: threads from the cores it may run on (and the ranks that share them), and one GPU."""
+import os
+
 import pytest
 
 from hvdtrain.backends import resources
@@ -192,3 +194,25 @@ def test_gloos_reads_wake_at_4_kib_under_a_quota_of_less_than_a_core_per_rank_an
     assert resources.gloo_rcvlowat(*free, ranks=1) == ""
     two_cores = _tree(tmp_path, "0::/ctr\n", {"ctr/cpu.max": "200000 100000\n"})
     assert resources.gloo_rcvlowat(*two_cores, ranks=2) == "" and resources.gloo_rcvlowat(*two_cores, ranks=4) == "4096"
+
+
+@pytest.mark.parametrize("settings, on_gpu, per_gradient", [
+    ({}, False, False),                              # the CPU's groups
+    ({}, True, True),                                # a GPU: per gradient
+    ({"allreduce_groups": 0}, False, True),
+    ({"allreduce_groups": 3}, True, False),
+    ({"elastic": True}, False, True),
+    ({"shard_optimizer": True}, True, False),        # one reduce-scatter, queued whole
+])
+def test_horovod_negotiates_a_group_at_once_and_lets_a_cycle_pass_for_gradients_queued_one_by_one(
+        monkeypatch, settings, on_gpu, per_gradient):
+    from hvdtrain.backends.base import Backend
+    from hvdtrain.config import TrainConfig
+    cfg = TrainConfig(**settings)
+    assert Backend.per_gradient(cfg, on_gpu) is per_gradient
+    monkeypatch.setattr(os, "environ", {})
+    resources.horovod_environment(cfg, Backend.per_gradient(cfg, on_gpu))
+    assert os.environ["HOROVOD_IDLE_WAIT"] == ("1" if per_gradient else "2")
+    monkeypatch.setattr(os, "environ", {"HOROVOD_IDLE_WAIT": "0"})  # the user's own value wins
+    resources.horovod_environment(cfg, per_gradient)
+    assert os.environ["HOROVOD_IDLE_WAIT"] == "0"
