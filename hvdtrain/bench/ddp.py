@@ -3,31 +3,38 @@
 The base comparison is three variants at ``--np`` workers: the bare Horovod loop (Gloo), the same loop on DDP (gloo)
 and hvdtrain. ``--same-cores`` adds each at np=1 with all the cores to one rank (the scaling a user of one machine
 sees: np=2 x 1 thread against np=1 x 2 threads), hvdtrain on MXNet included. ``--candidates`` adds hvdtrain under
-each Horovod setting of ``CANDIDATES``, the measurements behind hvdtrain's defaults.
+each Horovod setting of ``CANDIDATES``, the measurements behind hvdtrain's defaults (``--candidates NAME ...``: those
+named only, so that few variants, run side by side, can take more rounds).
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..config import ConfigError
 from .runner import add_run_arguments, check_sizes, compare, cores, run_loop, run_recipe, save, threads_per_rank
 
-# Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (HOROVOD_IDLE_WAIT=1 and one
-# allreduce group on the CPU; docs/benchmarks.md lists the figures): name -> (environment, hvdtrain options).
+# Horovod settings hvdtrain's step was measured under, each against hvdtrain's defaults (on the CPU the gradients in
+# groups, HOROVOD_IDLE_WAIT=2; docs/benchmarks.md lists the figures): name -> (environment, hvdtrain options).
 # HOROVOD_IDLE_WAIT comes from hvdtrain's patch of Horovod (scripts/patch_horovod.py, fix 3).
 PER_GRADIENT = ["--allreduce-groups", "0"]
 CANDIDATES: Dict[str, Tuple[Dict[str, str], List[str]]] = {
     "Horovod's loop, per-gradient allreduces": ({"HOROVOD_IDLE_WAIT": "0"}, PER_GRADIENT),
     "Horovod's loop, one group": ({"HOROVOD_IDLE_WAIT": "0"}, []),
     "cycle 5 ms, one group": ({"HOROVOD_IDLE_WAIT": "0", "HOROVOD_CYCLE_TIME": "5"}, []),
-    "idle wait then negotiate at once, one group": ({"HOROVOD_IDLE_WAIT": "2"}, []),
+    "idle wait then a cycle, the default groups": ({"HOROVOD_IDLE_WAIT": "1"}, []),
     "idle wait, per-gradient allreduces": ({}, PER_GRADIENT),
     "no response cache": ({"HOROVOD_CACHE_CAPACITY": "0"}, []),
 }
 
 
 def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_cores: bool = False,
-        candidates: bool = False, timeout: float = 600) -> Dict:
+        candidates: Optional[Sequence[str]] = None, timeout: float = 600) -> Dict:
+    """``candidates``: names of ``CANDIDATES`` to run hvdtrain under as well; empty: all of them; None: none."""
+    chosen = list(CANDIDATES) if candidates is not None and not candidates else list(candidates or [])
+    unknown = [name for name in chosen if name not in CANDIDATES]
+    if unknown:
+        raise ConfigError(f"--candidates: unknown candidate {unknown[0]!r}: choose from " + "; ".join(repr(n) for n in CANDIDATES))
     threads, all_threads = threads_per_rank(np_), cores()
     extra = ["--synthetic", "--batch-size", str(batch_size)]
     variants: Dict[str, Callable[[], float]] = {
@@ -42,9 +49,9 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
             "hvdtrain mxnet": lambda: run_recipe(recipe, "mxnet", np_, threads, steps, extra, timeout),
             "hvdtrain mxnet np=1": lambda: run_recipe(recipe, "mxnet", 1, all_threads, steps, extra, timeout),
         })
-    if candidates:
-        for name, (env, options) in CANDIDATES.items():
-            variants[f"hvdtrain, {name}"] = lambda env=env, options=options: run_recipe(
+    for name in chosen:
+        env, options = CANDIDATES[name]
+        variants[f"hvdtrain, {name}"] = lambda env=env, options=options: run_recipe(
                 recipe, "torch", np_, threads, steps, extra + options, timeout, env)
     res = compare(variants, rounds)
     ips = {name: v["images_per_sec"] for name, v in res.items()}
@@ -55,10 +62,9 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
     if same_cores:
         result["same_cores"] = {"ddp": ips["ddp"] / ips["ddp np=1"], "hvdtrain": ips["hvdtrain"] / ips["hvdtrain np=1"],
                                 "hvdtrain mxnet": ips["hvdtrain mxnet"] / ips["hvdtrain mxnet np=1"]}
-    if candidates:
-        result["candidates"] = {name: {"env": env, "options": options,
-                                       "over_ddp": ips[f"hvdtrain, {name}"] / ips["ddp"]}
-                                for name, (env, options) in CANDIDATES.items()}
+    if chosen:
+        result["candidates"] = {name: {"env": CANDIDATES[name][0], "options": CANDIDATES[name][1],
+                                       "over_ddp": ips[f"hvdtrain, {name}"] / ips["ddp"]} for name in chosen}
     return result
 
 
@@ -84,5 +90,7 @@ def add_parser(sub) -> None:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--same-cores", action="store_true",
                    help="also np=1 with every core to one rank: the scaling on one machine, MXNet included")
-    p.add_argument("--candidates", action="store_true", help="also hvdtrain under each Horovod setting measured")
+    p.add_argument("--candidates", nargs="*", metavar="NAME",
+                   help="also hvdtrain under each Horovod setting measured, or those named: "
+                        + "; ".join(repr(n) for n in CANDIDATES))
     add_run_arguments(p)

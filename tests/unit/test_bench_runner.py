@@ -74,3 +74,25 @@ def test_the_ddp_timed_arm_runs_ddps_default_with_the_timing_hook_without_a_time
     for name in ("ddp", arms.DDP_TIMED_ARM):
         arms._arm(name, None, 2, 3, 1, 32, [], 60.0)()
     assert calls == [{"bucket_times": False}, {"bucket_times": True}]
+
+
+def test_bench_ddp_runs_the_candidates_named_beside_hvdtrain_and_refuses_an_unknown_one_before_running(monkeypatch):
+    from hvdtrain.bench import ddp
+    from hvdtrain.config import ConfigError
+    ran = []
+
+    def fake_compare(variants, rounds):
+        ran.append(list(variants))
+        return {name: {"images_per_sec": 1.0} for name in variants}
+    monkeypatch.setattr(ddp, "compare", fake_compare)
+    name = "idle wait then a cycle, the default groups"
+    result = ddp.ddp("mnist", 2, 1, 1, 8, candidates=[name])
+    assert ran[-1] == ["horovod", "ddp", "hvdtrain", f"hvdtrain, {name}"] and list(result["candidates"]) == [name]
+    assert result["candidates"][name]["env"] == {"HOROVOD_IDLE_WAIT": "1"}
+    ddp.ddp("mnist", 2, 1, 1, 8, candidates=[])
+    assert ran[-1][3:] == [f"hvdtrain, {n}" for n in ddp.CANDIDATES]
+    ddp.ddp("mnist", 2, 1, 1, 8)
+    assert ran[-1] == ["horovod", "ddp", "hvdtrain"]
+    with pytest.raises(ConfigError, match="unknown candidate 'one group'"):
+        ddp.ddp("mnist", 2, 1, 1, 8, candidates=["one group"])
+    assert len(ran) == 3
