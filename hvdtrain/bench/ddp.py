@@ -8,6 +8,7 @@ named only, so that few variants, run side by side, can take more rounds).
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -40,7 +41,7 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
     variants: Dict[str, Callable[[], float]] = {
         "horovod": lambda: run_loop("horovod-torch", recipe, np_, threads, steps, batch_size, timeout),
         "ddp": lambda: run_loop("ddp-torch", recipe, np_, threads, steps, batch_size, timeout),
-        "hvdtrain": lambda: run_recipe(recipe, "torch", np_, threads, steps, extra, timeout),
+        "hvdtrain": lambda: run_recipe(recipe, "torch", np_, threads, steps, extra, timeout, details=True),
     }
     if same_cores:
         variants.update({
@@ -52,8 +53,10 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
     for name in chosen:
         env, options = CANDIDATES[name]
         variants[f"hvdtrain, {name}"] = lambda env=env, options=options: run_recipe(
-                recipe, "torch", np_, threads, steps, extra + options, timeout, env)
+            recipe, "torch", np_, threads, steps, extra + options, timeout, env, details=True)
     res = compare(variants, rounds)
+    for v in res.values():
+        v.update(waits(v.get("rounds") or []))
     ips = {name: v["images_per_sec"] for name, v in res.items()}
     result = {"benchmark": "ddp", "recipe": recipe, "framework": "torch", "np": np_, "threads_per_rank": threads,
               "cores": all_threads, "rounds": rounds, "steps": steps, "batch_size": batch_size, "variants": res,
@@ -68,6 +71,16 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
     return result
 
 
+def waits(rounds: List[Dict]) -> Dict[str, List[float]]:
+    """hvdtrain's wait for its allreduces (the allreduce phase: from the end of the backward pass to synchronize's
+    return) and its CPU per step, in ms, each round's, from the records ``run_recipe(details=True)`` kept."""
+    out = {"allreduce_wait_ms": [round(1e3 * r["phase_seconds"]["allreduce"], 3) for r in rounds
+                                 if "allreduce" in (r.get("phase_seconds") or {})],
+           "cpu_ms_per_step": [round(1e3 * r["cpu_seconds_per_step"], 3) for r in rounds
+                               if r.get("cpu_seconds_per_step") is not None]}
+    return {k: v for k, v in out.items() if v}
+
+
 def run(args) -> int:
     check_sizes(np=args.np, rounds=args.rounds, steps=args.steps, batch_size=args.batch_size)
     result = ddp(args.recipe, args.np, args.rounds, args.steps, args.batch_size, args.same_cores, args.candidates)
@@ -79,6 +92,11 @@ def run(args) -> int:
         print(f"same cores, {name}: np={args.np} / np=1 {ratio:.3f}")
     for name, c in result.get("candidates", {}).items():
         print(f"candidate {name}: hvdtrain/DDP {c['over_ddp']:.3f}")
+    for name, arm in v.items():
+        if arm.get("allreduce_wait_ms"):
+            wait, cpu = arm["allreduce_wait_ms"], arm.get("cpu_ms_per_step") or [0.0]
+            print(f"{name}: waits for its allreduces {statistics.median(wait):.2f} ms a step ({min(wait):.2f}-"
+                  f"{max(wait):.2f}), CPU {statistics.median(cpu):.1f} ms a step ({min(cpu):.1f}-{max(cpu):.1f})")
     save(args.output_dir, "ddp", result, {f"np={args.np}": {k: v[k] for k in ("horovod", "ddp", "hvdtrain")}},
          f"{args.recipe}: Horovod vs PyTorch DDP (gloo)")
     return 0

@@ -15,8 +15,10 @@ from ..config import ConfigError
 
 
 def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, extra: List[str],
-              timeout: float, env: Optional[Dict[str, str]] = None, epochs: int = 1) -> float:
+              timeout: float, env: Optional[Dict[str, str]] = None, epochs: int = 1, details: bool = False) -> Any:
     """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables.
+    ``details``: a dict instead, the img/s as ``images_per_sec`` with the epoch record's ``phase_seconds`` (means
+    across the ranks) and ``cpu_seconds_per_step`` (mean across the ranks), which :func:`compare` keeps per round.
     fp32 unless ``extra`` says otherwise: the bare loops it is compared with compute in fp32, and ``--precision auto``
     would pick bf16 on some processors only. ``epochs`` > 1: that many whole epochs (``steps`` unused), the last
     one's rate (what a run settles to after a first epoch that compiled, or warmed up)."""
@@ -36,7 +38,13 @@ def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, 
             cause = [line.split("hvdtrain: error: ", 1)[1] for line in lines if "hvdtrain: error: " in line][:1]
             raise RuntimeError(f"bench: np={np_} failed (exit {proc.returncode}): " + " | ".join(cause or lines[-3:]))
         with open(os.path.join(out, "metrics.jsonl")) as f:
-            return float(json.loads(f.readlines()[-1])["samples_per_sec"])  # images/s for the image recipes
+            record = json.loads(f.readlines()[-1])
+        rate = float(record["samples_per_sec"])  # images/s for the image recipes
+        if not details:
+            return rate
+        cpu = record.get("cpu_seconds_per_step") or []
+        return {"images_per_sec": rate, "phase_seconds": record.get("phase_seconds") or {},
+                "cpu_seconds_per_step": sum(cpu) / len(cpu) if cpu else None}
 
 
 def cores() -> int:
