@@ -38,6 +38,8 @@ def announce(trainer, steps: int) -> None:
                     # Horovod's idle wait (resources.horovod_environment): "2" negotiates a queued group at once, "1"
                     # lets one cycle pass for more gradients, "0" is Horovod's own loop
                     "horovod_idle_wait": os.environ.get("HOROVOD_IDLE_WAIT", ""),
+                    # glibc's malloc keeping what a step frees (resources.keep_freed_memory): "" where left as it was
+                    "malloc": b.malloc,
                     # Gloo's read low-water mark (resources.gloo_rcvlowat): "" is the library's default, 32 KiB
                     "horovod_gloo_rcvlowat": os.environ.get("HOROVOD_GLOO_RCVLOWAT", ""),
                     # --allreduce-groups auto under a CPU quota (Backend.allreduce_groups): why one group, or ""

@@ -224,6 +224,9 @@ class Backend(abc.ABC):
         in_quota = sum(1 for row in host if row[1] == group) if quota else 1
         return thread_budget(mine, here, 0, slurm_cpus_per_task(), quota, in_quota)
 
+    malloc = ""
+    """How glibc's malloc was set to keep freed memory (resources.keep_freed_memory), for config.json; "" if not."""
+
     cpu_allreduce_groups = 1
     """What ``--allreduce-groups`` auto means on the CPU: one group here (measured in ``bench ddp``); the PyTorch
     backend's groups follow the backward pass instead (torch_groups.BUCKETS)."""

@@ -32,7 +32,7 @@ from ..loss_scale import DynamicLossScale
 from ..threads import created_by
 from .gluoncv_compat import import_mxnet
 from .base import Backend, Task
-from .resources import (estimated_threads, gpu_for_rank, horovod_environment, launcher_local_size,
+from .resources import (estimated_threads, gpu_for_rank, horovod_environment, keep_freed_memory, launcher_local_size,
                         preload_image_codecs, user_threads)
 from .mxnet_records import MXNetRecords
 from .mxnet_sharded import (MXNetShardedUpdate, flatten_state as _flatten_state, join_master, master_position,
@@ -137,6 +137,7 @@ class MXNetBackend(Backend):
         requested = cfg.threads or user_threads()
         self.threads, self.threads_reason = estimated_threads(launcher_local_size(), requested)
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        self.malloc = keep_freed_memory()  # before the model and the first step allocate
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         self.worker_timeout = float(cfg.stall_timeout)
         mx = import_mxnet()  # without scikit-learn's import (gluoncv_compat)

@@ -274,6 +274,47 @@ def below_a_core(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT
 QUOTA_RCVLOWAT = 4096
 
 
+MALLOC_TRIM_THRESHOLD = 1 << 30
+"""Free memory glibc's malloc keeps at the top of its heap instead of returning it to the system (M_TRIM_THRESHOLD)."""
+MALLOC_MMAP_THRESHOLD = 32 << 20
+"""Allocations of this size or more get pages of their own (M_MMAP_THRESHOLD): the most glibc's own adjustment
+reaches, fixed there from the start."""
+MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
+"""glibc's environment variables for those settings: a user who sets one keeps glibc's behaviour as set."""
+
+
+def keep_freed_memory(environ=None) -> str:
+    """glibc's malloc made to keep what a training step frees for the next one; what was set, for config.json, or ""
+    where nothing was (the user set malloc's own variables or tunables, preloads another allocator, or the C library
+    is not glibc).
+
+    By default glibc returns the free top of its heap to the system once it exceeds twice its mmap threshold, which
+    it raises to the size of the largest block freed (up to 32 MiB). A step that frees a few gradients or activations
+    of some MB at the top of the heap (PyTorch frees the gradients at zero_grad) then gives the memory back, and the
+    next step takes it again page by page: a page fault, and a page the kernel zeroes, per 4 KiB, in whatever kernel
+    first writes it. Measured at 2 shaped hosts (docs/bench/pytorch-at-scale.md): one rank's backward pass 20-45 ms
+    where the other's took 13-16, its training thread 10-25 ms more CPU a step, the heap shrunk and grown (brk) every
+    step; with these settings the two ranks level. mallopt fixes both thresholds (which also ends glibc's
+    adjustment): blocks under 32 MiB come from the heap, and up to 1 GiB of free heap stays with the process."""
+    import ctypes
+    import platform
+    env = os.environ if environ is None else environ
+    if any(name in env for name in MALLOC_SETTINGS) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
+        return ""
+    if any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc")):
+        return ""
+    if platform.libc_ver()[0] != "glibc":
+        return ""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return ""
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(-1, MALLOC_TRIM_THRESHOLD) != 1 or mallopt(-3, MALLOC_MMAP_THRESHOLD) != 1:  # M_TRIM_, M_MMAP_THRESHOLD
+        return ""
+    return f"trim threshold {MALLOC_TRIM_THRESHOLD >> 20} MiB, mmap threshold {MALLOC_MMAP_THRESHOLD >> 20} MiB"
+
+
 def gloo_rcvlowat(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT, ranks: int = 0) -> str:
     """``HOROVOD_GLOO_RCVLOWAT`` for this rank, or "" for the library's default (32 KiB).
 

@@ -19,7 +19,8 @@ from ..data import ArrayDataset, Synthetic, array_batches, decodes_on_device, ma
 from ..threads import created_by
 from ..vision import EncodedImages, decode_rgb
 from .base import Backend, Task
-from .resources import estimated_threads, gpu_for_rank, horovod_environment, preload_image_codecs, user_threads
+from .resources import (estimated_threads, gpu_for_rank, horovod_environment, keep_freed_memory, preload_image_codecs,
+                        user_threads)
 from .torch_groups import BUCKETS, distributed_optimizer
 from .torch_optim import make_optimizer as make_torch_optimizer, parameter_groups
 from .torch_sharded import ShardedOptimizer
@@ -127,6 +128,7 @@ class TorchBackend(Backend):
     # --- lifecycle -------------------------------------------------------------------------------------------------
     def init(self, cfg) -> None:
         native_bf16 = self.resolve_precision(cfg, torch.cuda.is_available())
+        self.malloc = keep_freed_memory()  # before the model and the first step allocate
         preload_image_codecs()  # before Horovod's RTLD_GLOBAL library: see its docstring
         horovod_environment(cfg, self.per_gradient(cfg, torch.cuda.is_available()))
         self.worker_timeout = float(cfg.stall_timeout)

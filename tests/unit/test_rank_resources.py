@@ -216,3 +216,46 @@ def test_horovod_negotiates_a_group_at_once_and_lets_a_cycle_pass_for_gradients_
     monkeypatch.setattr(os, "environ", {"HOROVOD_IDLE_WAIT": "0"})  # the user's own value wins
     resources.horovod_environment(cfg, per_gradient)
     assert os.environ["HOROVOD_IDLE_WAIT"] == "0"
+
+
+FREED_AND_TAKEN_AGAIN = """
+import resource, sys
+import torch
+if sys.argv[1] == "keep":
+    from hvdtrain.backends.resources import keep_freed_memory
+    assert keep_freed_memory(), "nothing set"
+
+def step():  # a step's gradients and activations, of a few MB each, freed together at its end
+    freed = [torch.ones(1_600_000) for _ in range(3)] + [torch.ones(250_000) for _ in range(8)]
+    del freed
+
+for _ in range(5):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):
+    step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+"""
+
+
+def test_memory_a_step_frees_is_kept_for_the_next_step_instead_of_faulted_in_again():
+    """glibc returns the free top of its heap to the system, and the next step takes it again a page at a time (a
+    page fault and a zeroed page per 4 KiB): measured 3,093 faults a step for this pattern (12 MB) with glibc's
+    defaults, none after keep_freed_memory."""
+    import subprocess
+    import sys
+    faults = {}
+    for how in ("default", "keep"):
+        env = {k: v for k, v in os.environ.items() if k not in resources.MALLOC_SETTINGS and k != "GLIBC_TUNABLES"}
+        done = subprocess.run([sys.executable, "-c", FREED_AND_TAKEN_AGAIN, how], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert done.returncode == 0, done.stderr
+        faults[how] = float(done.stdout.split()[-1])
+    assert faults["keep"] < 10 and faults["default"] > 1000, faults
+
+
+@pytest.mark.parametrize("environ", [{"MALLOC_TRIM_THRESHOLD_": "131072"}, {"MALLOC_MMAP_THRESHOLD_": "65536"},
+                                     {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"},
+                                     {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}])
+def test_a_users_own_malloc_settings_or_allocator_are_left_as_they_are(environ):
+    assert resources.keep_freed_memory(environ) == ""
