@@ -129,7 +129,7 @@ def _hvdtrain(cluster: Cluster, n: int, batch_size: int, recipe_args: Sequence[s
                            f"hvdtrain on {n} host(s)")[-1]
         result = {"images_per_sec": float(last["images_per_sec"]), "worker_cpu_per_step": last["cpu_seconds_per_step"],
                   "thread_cpu_per_step": last.get("thread_cpu_per_step", {}),
-                  "phase_seconds": last.get("phase_seconds")}
+                  "phase_seconds": last.get("phase_seconds"), "phase_slowest": last.get("phase_slowest")}
         path = os.path.join(out, "timeline.json")
         if timeline_steps and os.path.exists(path):
             first, end = timeline.recorded_steps(timeline_steps, int(last["global_step"]))
