@@ -224,7 +224,7 @@ def horovod_environment(cfg, per_gradient: bool) -> None:
     # negotiating every cycle. Gradients queued one by one: it then lets one cycle time pass, so that the rest of the
     # backward pass's gradients join the same negotiation (1). Gradients in groups: each group is queued whole, and
     # the cycle would only hold it back: it negotiates at once (2). Measured at np=2 (docs/bench/ddp.md): the
-    # groups' wait for the allreduce 1.4 ms a step shorter with 2; per gradient, 1 the faster.
+    # groups' wait for the allreduce 1.3 ms a step shorter with 2; per gradient, 1 the faster.
     os.environ.setdefault("HOROVOD_IDLE_WAIT", "1" if per_gradient else "2")
     os.environ.setdefault("HOROVOD_SPIN_WAIT", spin_wait())
     lowat = gloo_rcvlowat()

@@ -32,10 +32,11 @@ CANDIDATES: Dict[str, Tuple[Dict[str, str], List[str]]] = {
 def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_cores: bool = False,
         candidates: Optional[Sequence[str]] = None, timeout: float = 600) -> Dict:
     """``candidates``: names of ``CANDIDATES`` to run hvdtrain under as well; empty: all of them; None: none."""
-    chosen = list(CANDIDATES) if candidates is not None and not candidates else list(candidates or [])
+    chosen = [] if candidates is None else list(candidates or CANDIDATES)
     unknown = [name for name in chosen if name not in CANDIDATES]
     if unknown:
-        raise ConfigError(f"--candidates: unknown candidate {unknown[0]!r}: choose from " + "; ".join(repr(n) for n in CANDIDATES))
+        raise ConfigError(f"--candidates: unknown candidate {unknown[0]!r}: choose from "
+                          + "; ".join(repr(n) for n in CANDIDATES))
     threads, all_threads = threads_per_rank(np_), cores()
     extra = ["--synthetic", "--batch-size", str(batch_size)]
     variants: Dict[str, Callable[[], float]] = {
@@ -73,11 +74,12 @@ def ddp(recipe: str, np_: int, rounds: int, steps: int, batch_size: int, same_co
 
 def waits(rounds: List[Dict]) -> Dict[str, List[float]]:
     """hvdtrain's wait for its allreduces (the allreduce phase: from the end of the backward pass to synchronize's
-    return) and its CPU per step, in ms, each round's, from the records ``run_recipe(details=True)`` kept."""
+    return) and its CPU per step (the mean of the ranks), in ms, each round's, from the records
+    ``run_recipe(details=True)`` kept."""
     out = {"allreduce_wait_ms": [round(1e3 * r["phase_seconds"]["allreduce"], 3) for r in rounds
                                  if "allreduce" in (r.get("phase_seconds") or {})],
-           "cpu_ms_per_step": [round(1e3 * r["cpu_seconds_per_step"], 3) for r in rounds
-                               if r.get("cpu_seconds_per_step") is not None]}
+           "cpu_ms_per_step": [round(1e3 * statistics.mean(r["worker_cpu_per_step"]), 3) for r in rounds
+                               if r.get("worker_cpu_per_step")]}
     return {k: v for k, v in out.items() if v}
 
 
@@ -94,9 +96,10 @@ def run(args) -> int:
         print(f"candidate {name}: hvdtrain/DDP {c['over_ddp']:.3f}")
     for name, arm in v.items():
         if arm.get("allreduce_wait_ms"):
-            wait, cpu = arm["allreduce_wait_ms"], arm.get("cpu_ms_per_step") or [0.0]
+            wait, cpu = arm["allreduce_wait_ms"], arm.get("cpu_ms_per_step")
             print(f"{name}: waits for its allreduces {statistics.median(wait):.2f} ms a step ({min(wait):.2f}-"
-                  f"{max(wait):.2f}), CPU {statistics.median(cpu):.1f} ms a step ({min(cpu):.1f}-{max(cpu):.1f})")
+                  f"{max(wait):.2f})" + (f", CPU {statistics.median(cpu):.1f} ms a step ({min(cpu):.1f}-"
+                                         f"{max(cpu):.1f})" if cpu else ""))
     save(args.output_dir, "ddp", result, {f"np={args.np}": {k: v[k] for k in ("horovod", "ddp", "hvdtrain")}},
          f"{args.recipe}: Horovod vs PyTorch DDP (gloo)")
     return 0

@@ -18,7 +18,8 @@ def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, 
               timeout: float, env: Optional[Dict[str, str]] = None, epochs: int = 1, details: bool = False) -> Any:
     """Global img/s of one short run of ``recipe`` on ``np_`` local workers; ``env``: more environment variables.
     ``details``: a dict instead, the img/s as ``images_per_sec`` with the epoch record's ``phase_seconds`` (means
-    across the ranks) and ``cpu_seconds_per_step`` (mean across the ranks), which :func:`compare` keeps per round.
+    across the ranks) and each rank's CPU per step as ``worker_cpu_per_step`` (the network arms' key), which
+    :func:`compare` keeps per round.
     fp32 unless ``extra`` says otherwise: the bare loops it is compared with compute in fp32, and ``--precision auto``
     would pick bf16 on some processors only. ``epochs`` > 1: that many whole epochs (``steps`` unused), the last
     one's rate (what a run settles to after a first epoch that compiled, or warmed up)."""
@@ -42,9 +43,8 @@ def run_recipe(recipe: str, framework: str, np_: int, threads: int, steps: int, 
         rate = float(record["samples_per_sec"])  # images/s for the image recipes
         if not details:
             return rate
-        cpu = record.get("cpu_seconds_per_step") or []
         return {"images_per_sec": rate, "phase_seconds": record.get("phase_seconds") or {},
-                "cpu_seconds_per_step": sum(cpu) / len(cpu) if cpu else None}
+                "worker_cpu_per_step": record.get("cpu_seconds_per_step") or []}
 
 
 def cores() -> int:

@@ -101,7 +101,7 @@ def test_bench_ddp_runs_the_candidates_named_beside_hvdtrain_and_refuses_an_unkn
 def test_bench_ddp_reports_each_rounds_wait_for_the_allreduces_and_cpu_from_hvdtrains_records():
     from hvdtrain.bench.ddp import waits
     rounds = [{"images_per_sec": 10.0, "phase_seconds": {"allreduce": 0.0042, "step": 0.001},
-               "cpu_seconds_per_step": 0.0315},
-              {"images_per_sec": 11.0, "phase_seconds": {"allreduce": 0.0059}, "cpu_seconds_per_step": None}]
+               "worker_cpu_per_step": [0.031, 0.032]},
+              {"images_per_sec": 11.0, "phase_seconds": {"allreduce": 0.0059}, "worker_cpu_per_step": []}]
     assert waits(rounds) == {"allreduce_wait_ms": [4.2, 5.9], "cpu_ms_per_step": [31.5]}
     assert waits([]) == {}
