@@ -60,6 +60,10 @@ def test_ddp_benchmark_runs_horovod_ddp_and_hvdtrain(tmp_path):
     assert data["benchmark"] == "ddp" and data["np"] == 2
     assert set(data["variants"]) == {"horovod", "ddp", "hvdtrain"}
     assert all(v["images_per_sec"] > 0 and len(v["samples"]) == 1 for v in data["variants"].values())
+    # hvdtrain's round: its wait for the allreduces and its CPU per step, from the run's epoch record
+    ours = data["variants"]["hvdtrain"]
+    assert len(ours["allreduce_wait_ms"]) == 1 and len(ours["cpu_ms_per_step"]) == 1, ours
+    assert "waits for its allreduces" in result.stdout, describe(result)
     assert _png(out / "ddp.png")
 
 
