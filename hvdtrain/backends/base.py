@@ -151,11 +151,15 @@ class Backend(abc.ABC):
 
     def start_timeline(self, path: str) -> None:
         """Horovod: start recording the timeline (rank 0 writes ``path``); needs HOROVOD_TIMELINE=DYNAMIC at init."""
-        self.synchronize()  # the previous step's collectives (queued on MXNet's engine) finish outside the window
+        # The previous step's collectives finish outside the window: those queued on MXNet's engine, and PyTorch's
+        # --overlap-forward second half, which otherwise lands in the window as one more step of its own.
+        self.settle()
+        self.synchronize()
         self.hvd.start_timeline(path, mark_cycles=False)
 
     def stop_timeline(self) -> None:
-        self.synchronize()  # the window's collectives are finished and recorded before it closes
+        self.settle()  # the window's collectives are finished and recorded before it closes
+        self.synchronize()
         self.hvd.stop_timeline()
 
     def resolve_precision(self, cfg, on_gpu: bool) -> bool:

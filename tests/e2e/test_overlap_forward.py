@@ -70,8 +70,8 @@ def _assert_second_half_last(timeline: str) -> dict:
     other allreduces' spans, by tensor name."""
     spans = _allreduces(timeline)
     second = next(spans.pop(name) for name in list(spans) if name.endswith(".second_half_1of1"))
-    # (The window may close while the last step's second half is still on the wire: it is then not recorded.)
-    assert len(second) >= 2 and spans and all(len(s) >= len(second) for s in spans.values()), spans
+    # The window opens and closes with no second half on the wire: each step's is recorded whole, and no earlier one.
+    assert len(second) >= 2 and spans and all(len(s) == len(second) for s in spans.values()), spans
     for step, (begin, _) in enumerate(second):
         ends = {name: s[step][1] for name, s in spans.items()}
         assert max(ends.values()) <= begin, f"step {step + 1} of the window: the second half began at {begin}, " \
