@@ -25,4 +25,15 @@ def job_label(environ: Mapping[str, str] = os.environ) -> str:
                  if environ.get(var)), "")
 
 
-__all__ = ["__version__", "ConfigError", "is_url", "job_label"]
+def die_with_parent() -> None:
+    """Have the kernel kill this process (SIGKILL) when the thread that started it exits (Linux's PR_SET_PDEATHSIG;
+    elsewhere nothing)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+__all__ = ["__version__", "ConfigError", "die_with_parent", "is_url", "job_label"]

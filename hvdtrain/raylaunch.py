@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from .basics import die_with_parent
 from .config import ConfigError
 
 USAGE = """usage: python -m hvdtrain ray [--address ADDR] --num-workers N [--cpus-per-worker C] [--gpus-per-worker G]
@@ -185,9 +186,11 @@ class RankActor:
     def start(self, argv: List[str], env: Dict[str, str], cwd: str, rank: int) -> int:
         full = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "OMP_NUM_THREADS"}
         full.update(env)
+        # The rank dies when its actor dies (a raylet killed, a node lost), as ssh's children do when the connection
+        # drops; its Gloo peers then see the connection close and stop instead of waiting.
         self.proc = subprocess.Popen([sys.executable, *argv], env=full, cwd=cwd if os.path.isdir(cwd) else None,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent, start_new_session=True)
+                                     preexec_fn=die_with_parent, start_new_session=True)
         for stream, sink, keep in ((self.proc.stdout, sys.stdout, False), (self.proc.stderr, sys.stderr, True)):
             t = threading.Thread(target=self._relay, args=(stream, sink, f"[{rank}]", keep), daemon=True)
             t.start()
@@ -222,16 +225,6 @@ class RankActor:
                 return
             except subprocess.TimeoutExpired:
                 continue
-
-
-def _die_with_parent() -> None:
-    """In the rank's process: die when its actor dies (a raylet killed, a node lost), as ssh's children do when the
-    connection drops; its Gloo peers then see the connection close and stop instead of waiting."""
-    import ctypes
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _iface_of(ip: str) -> str:

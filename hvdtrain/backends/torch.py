@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import precision as precisions
+from ..basics import die_with_parent
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, decodes_on_device, map_arrays, pixel_normalization
 from ..threads import created_by
@@ -91,6 +92,13 @@ def _elastic_state(backend):
             backend.check_replicas("after the elastic sync")
 
     return TrainingState()
+
+
+def _worker_dies_with_rank(rank_pid: int, worker_id: int) -> None:
+    """DataLoader's ``worker_init_fn``: the kernel kills the worker when its rank's process ends, where the rank
+    started it (fork or spawn; a forkserver's workers are the server's children, and are left as they are)."""
+    if os.getppid() == rank_pid:
+        die_with_parent()
 
 
 def _within_timeout(loader, seconds: float) -> Iterator[Any]:
@@ -535,11 +543,15 @@ class TorchBackend(Backend):
         # A worker that delivers no batch within --stall-timeout fails the job (RuntimeError "DataLoader timed out
         # after N seconds"), as a stalled collective does: a hung worker would otherwise leave every rank waiting.
         limit = self.worker_timeout if num_workers > 0 else 0  # (PyTorch refuses a timeout without workers)
+        # Each worker dies with its rank: one stuck in a read would otherwise outlive a rank that was killed (by
+        # horovodrun after another rank failed, or the OOM killer), holding the rank's output pipes open, and the
+        # launcher would wait for them.
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                              collate_fn=getattr(dataset, "collate", None),
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
-                                             persistent_workers=False, timeout=limit)
+                                             persistent_workers=False, timeout=limit,
+                                             worker_init_fn=functools.partial(_worker_dies_with_rank, os.getpid()))
         spec = pixel_normalization(dataset)
         to_device = self._to_device if spec is None else functools.partial(self._pixels_to_device, spec)
         return map(to_device, _within_timeout(loader, limit) if limit else loader)

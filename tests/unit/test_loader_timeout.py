@@ -44,3 +44,64 @@ def test_a_hung_worker_fails_within_the_stall_timeout_naming_the_option():
 def test_a_worker_slower_than_the_main_thread_but_within_the_timeout_delivers_every_batch():
     batches = list(backend(5).loader(Slow(), range(4), 2, drop_last=True, num_workers=1))
     assert [b[1].tolist() for b in batches] == [[0, 1], [2, 3]]
+
+
+KILLED_RANK = """
+import os, sys, time
+import torch
+from hvdtrain.backends import make_backend
+
+class Hangs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        with open(sys.argv[1] + ".part", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(sys.argv[1] + ".part", sys.argv[1])
+        time.sleep(600)
+
+b = make_backend("torch")
+b.device, b.worker_timeout = torch.device("cpu"), 600.0
+next(iter(b.loader(Hangs(), range(4), 2, drop_last=True, num_workers=1)))
+"""
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_stuck_in_a_read_dies_with_its_killed_rank(tmp_path):
+    """A rank killed (by horovodrun after another rank failed, or the OOM killer) takes its loader workers with it:
+    a worker stuck in a read used to live on, holding the rank's output pipes open, and horovodrun waited for them
+    (a job that did not end after its failure)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    started = tmp_path / "worker.pid"
+    rank = subprocess.Popen([sys.executable, "-c", KILLED_RANK, str(started)], start_new_session=True)
+    worker = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert rank.poll() is None and time.monotonic() < deadline, "the rank's worker never started its read"
+            time.sleep(0.05)
+        worker = int(started.read_text())
+        assert _alive(worker)
+        rank.send_signal(signal.SIGKILL)
+        rank.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), "the worker outlived its rank"
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
