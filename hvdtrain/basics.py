@@ -25,11 +25,14 @@ def job_label(environ: Mapping[str, str] = os.environ) -> str:
                  if environ.get(var)), "")
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int = 0) -> None:
     """Have the kernel kill this process (SIGKILL) when the thread that started it exits (Linux's PR_SET_PDEATHSIG;
-    elsewhere nothing)."""
+    elsewhere nothing). ``parent``: only where that pid started this process (a loader's worker is left as it is
+    where a forkserver started it: the server's end is not the rank's)."""
     import ctypes
     import signal
+    if parent and os.getppid() != parent:
+        return
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

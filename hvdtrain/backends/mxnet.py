@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 
+from ..basics import die_with_parent
 from ..config import ConfigError
 from ..data import ArrayDataset, Synthetic, array_batches, decodes_on_device, map_arrays, pixel_normalization
 from ..loss_scale import DynamicLossScale
@@ -102,6 +103,24 @@ def resolve_shapes(mx, model, sample_shape, ctx) -> None:
         out = model(*xs)
         for a in out if isinstance(out, (tuple, list)) else [out]:
             a.wait_to_read()
+
+
+class _DiesWithRank:
+    """``dataset`` as Gluon's loader workers read it: a worker process's first read has the kernel kill it when the
+    rank's process ends (Gluon's DataLoader takes no worker initializer), so that one stuck in a read cannot outlive
+    a killed rank and hold its output open."""
+
+    def __init__(self, dataset: Any):
+        self.dataset, self.rank_pid, self._pid = dataset, os.getpid(), os.getpid()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            die_with_parent(self.rank_pid)
+        return self.dataset[index]
 
 
 class MXNetBackend(Backend):
@@ -492,8 +511,10 @@ class MXNetBackend(Backend):
             return map(self._to_device, array_batches(dataset, list(sampler), batch_size, drop_last))
         if self._records().reads(dataset):
             return self.records.batches(dataset, sampler, batch_size, self.decode_threads(num_workers))
-        # Its workers' batches wait --stall-timeout at most (MXNet's own default: 120 s), as in the PyTorch backend.
-        loader = self.mx.gluon.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
+        # Its workers' batches wait --stall-timeout at most (MXNet's own default: 120 s), and its workers die with
+        # the rank, as in the PyTorch backend.
+        loader = self.mx.gluon.data.DataLoader(_DiesWithRank(dataset) if num_workers > 0 else dataset,
+                                               batch_size=batch_size, sampler=list(sampler),
                                                last_batch="discard" if drop_last else "keep",
                                                num_workers=num_workers,
                                                timeout=max(1, int(self.worker_timeout or 120)))

@@ -95,10 +95,8 @@ def _elastic_state(backend):
 
 
 def _worker_dies_with_rank(rank_pid: int, worker_id: int) -> None:
-    """DataLoader's ``worker_init_fn``: the kernel kills the worker when its rank's process ends, where the rank
-    started it (fork or spawn; a forkserver's workers are the server's children, and are left as they are)."""
-    if os.getppid() == rank_pid:
-        die_with_parent()
+    """DataLoader's ``worker_init_fn``: the kernel kills the worker when its rank's process ends."""
+    die_with_parent(rank_pid)
 
 
 def _within_timeout(loader, seconds: float) -> Iterator[Any]:

@@ -61,8 +61,14 @@ class Hangs(torch.utils.data.Dataset):
         os.replace(sys.argv[1] + ".part", sys.argv[1])
         time.sleep(600)
 
-b = make_backend("torch")
-b.device, b.worker_timeout = torch.device("cpu"), 600.0
+if sys.argv[2] == "torch":
+    b = make_backend("torch")
+    b.device = torch.device("cpu")
+else:
+    from hvdtrain.backends.gluoncv_compat import import_mxnet
+    b = make_backend("mxnet")
+    b.mx, b.rank, b.size = import_mxnet(), 0, 1
+b.worker_timeout = 600.0
 next(iter(b.loader(Hangs(), range(4), 2, drop_last=True, num_workers=1)))
 """
 
@@ -76,7 +82,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_worker_stuck_in_a_read_dies_with_its_killed_rank(tmp_path):
+@pytest.mark.parametrize("framework", ["torch", "mxnet"])
+def test_a_worker_stuck_in_a_read_dies_with_its_killed_rank(framework, tmp_path):
     """A rank killed (by horovodrun after another rank failed, or the OOM killer) takes its loader workers with it:
     a worker stuck in a read used to live on, holding the rank's output pipes open, and horovodrun waited for them
     (a job that did not end after its failure)."""
@@ -85,7 +92,9 @@ def test_a_worker_stuck_in_a_read_dies_with_its_killed_rank(tmp_path):
     import subprocess
     import sys
     started = tmp_path / "worker.pid"
-    rank = subprocess.Popen([sys.executable, "-c", KILLED_RANK, str(started)], start_new_session=True)
+    if framework == "mxnet":
+        pytest.importorskip("mxnet")
+    rank = subprocess.Popen([sys.executable, "-c", KILLED_RANK, str(started), framework], start_new_session=True)
     worker = 0
     try:
         deadline = time.monotonic() + 120
