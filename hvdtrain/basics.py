@@ -27,8 +27,8 @@ def job_label(environ: Mapping[str, str] = os.environ) -> str:
 
 def die_with_parent(parent: int = 0) -> None:
     """Have the kernel kill this process (SIGKILL) when the thread that started it exits (Linux's PR_SET_PDEATHSIG;
-    elsewhere nothing). ``parent``: only where that pid started this process (a loader's worker is left as it is
-    where a forkserver started it: the server's end is not the rank's)."""
+    elsewhere nothing). ``parent``: only where that pid is this process's parent (one started through another
+    process, a forkserver say, is left as it is: that process's end is not the parent's)."""
     import ctypes
     import signal
     if parent and os.getppid() != parent:

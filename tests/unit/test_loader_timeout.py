@@ -1,5 +1,10 @@
 """A data loader worker that hangs fails the job within --stall-timeout, as a stalled collective does, instead of
-leaving every rank waiting for its batch (the PyTorch backend's DataLoader with --num-workers)."""
+leaving every rank waiting for its batch (the PyTorch backend's DataLoader with --num-workers); and a worker dies
+with its rank, on both frameworks."""
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -87,10 +92,6 @@ def test_a_worker_stuck_in_a_read_dies_with_its_killed_rank(framework, tmp_path)
     """A rank killed (by horovodrun after another rank failed, or the OOM killer) takes its loader workers with it:
     a worker stuck in a read used to live on, holding the rank's output pipes open, and horovodrun waited for them
     (a job that did not end after its failure)."""
-    import os
-    import signal
-    import subprocess
-    import sys
     started = tmp_path / "worker.pid"
     if framework == "mxnet":
         pytest.importorskip("mxnet")

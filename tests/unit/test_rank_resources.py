@@ -245,8 +245,8 @@ def test_memory_a_step_frees_is_kept_for_the_next_step_instead_of_faulted_in_aga
     a zeroed page per 4 KiB); after keep_freed_memory, no fault. With glibc's defaults this pattern faulted 3,093
     times a step in most runs and not at all in some (its thresholds adapt to the heap's history): the control
     fixes glibc's default trim threshold (128 KiB), which also ends that adaptation, and faults 6,649 times a step
-    in every run. The median step's count: a kept run on a loaded machine once averaged 36.6 faults a step over 20 steps
-    (0 in every run before and since), from faults outside the pattern's own."""
+    in every run. The median step's count: a kept run on a loaded machine once averaged 36.6 faults a step over 20
+    steps (0 in every run before and since), from faults outside the pattern's own."""
     import subprocess
     import sys
     faults = {}
