@@ -118,7 +118,8 @@ class TorchBackend(Backend):
     cpu_allreduce_groups = BUCKETS
     # Under a quota of less than a core per rank, the first bucket sent while the backward pass runs slows both on
     # a host that must share its quota between them, and the ring runs at its slowest host's pace: one group after
-    # the backward pass (8 shaped hosts of a quarter core: 325.8 against 295.5 img/s; docs/bench/pytorch-at-scale.md).
+    # the backward pass (8 shaped hosts of a quarter core: 325.8 against 295.5 img/s; 4 of half a core, with the group
+    # negotiated at once: 249.2 against 238.6; docs/bench/pytorch-at-scale.md).
     quota_allreduce_groups = 1
 
     def __init__(self):
