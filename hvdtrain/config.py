@@ -41,6 +41,12 @@ def parse_monitor_spec(spec: str) -> Tuple[str, str]:
     return key, direction
 
 
+GROUPS_AUTO, GROUPS_BUCKETS = -1, -2
+"""--allreduce-groups auto and buckets (their names on the command line and in a config file)."""
+NAMED_VALUES = {"allreduce_groups": {"auto": GROUPS_AUTO, "buckets": GROUPS_BUCKETS}}
+"""Integer options that also take a name: the name's value."""
+
+
 @dataclass
 class TrainConfig:
     """Settings shared by every recipe. Batch size and learning rate are per worker; see ``effective_lr``."""
@@ -111,12 +117,13 @@ class TrainConfig:
     can resume from a checkpoint (an epoch's start, a resumed position, after each --checkpoint-every-steps
     checkpoint or elastic commit), which saves MXNet's reseed of its parallel generators (about 1 ms a step on the
     CPU) while a --max-steps stop or a kill resumed mid-epoch then draws other masks."""
-    allreduce_groups: int = -1
+    allreduce_groups: int = GROUPS_AUTO
     """Gradients go to Horovod as this many grouped allreduces (one negotiation each); 0: one allreduce per gradient,
-    queued as its backward finishes (Horovod's default, overlapping the backward pass); -1 (auto): on the CPU,
+    queued as its backward finishes (Horovod's default, overlapping the backward pass); auto (-1): on the CPU,
     PyTorch's gradients in DDP's buckets (the first of 1 MiB, then 25 MiB each; one group after the backward pass
     where a CPU quota leaves any rank less than a core, unless --overlap-forward) and MXNet's in one group; 0 on a
-    GPU, with --elastic and with --adasum. On PyTorch the groups follow the backward pass (the parameters last
+    GPU, with --elastic and with --adasum; buckets (-2): PyTorch's gradients in DDP's buckets wherever it runs,
+    a quota or a GPU included. On PyTorch the groups follow the backward pass (the parameters last
     registered first; N cuts them into N runs of about equal bytes), so the first is sent while the pass runs; they
     honour --predivide, run no pickled collective, and count a gradient a rank did not compute as zeros (Horovod's
     own grouped path does none of these)."""
@@ -229,6 +236,11 @@ class TrainConfig:
             return f"{self.optimizer}'s base rate in this recipe"
         return "--base-lr"
 
+    @property
+    def grouped_explicitly(self) -> bool:
+        """--allreduce-groups asks for groups (N, or buckets) rather than auto or one allreduce per gradient."""
+        return self.allreduce_groups > 0 or self.allreduce_groups == GROUPS_BUCKETS
+
     def validate(self) -> None:
         """Range checks that types cannot express; raise ConfigError naming the flag."""
         positive = ("epochs", "batch_size", "accumulate", "keep_checkpoints")
@@ -252,17 +264,20 @@ class TrainConfig:
             raise ConfigError(f"--base-lr must be positive, got {self.base_lr}")
         if self.warmup_epochs < 0 or self.warmup_epochs > self.epochs:
             raise ConfigError(f"--warmup-epochs must be between 0 and --epochs ({self.epochs}), got {self.warmup_epochs}")
-        if self.allreduce_groups < -1:
-            raise ConfigError(f"--allreduce-groups must be -1 (auto), 0 or a number of groups, got "
+        if self.allreduce_groups < GROUPS_BUCKETS:
+            raise ConfigError(f"--allreduce-groups must be auto (-1), buckets (-2), 0 or a number of groups, got "
                               f"{self.allreduce_groups}")
-        if self.allreduce_groups > 0 and self.elastic:
+        if self.allreduce_groups == GROUPS_BUCKETS and self.framework != "torch":
+            raise ConfigError(f"--allreduce-groups buckets is PyTorch's (its groups follow the backward pass, as "
+                              f"DDP's buckets); --framework {self.framework} sends one group, or N: give a number")
+        if self.grouped_explicitly and self.elastic:
             raise ConfigError("--allreduce-groups cannot be combined with --elastic: a worker that joins a running "
                               "job hangs in its setup when gradients go as grouped allreduces (Horovod 0.28.1); "
-                              "leave it at -1 (auto) or 0")
-        if self.allreduce_groups > 0 and self.adasum:
+                              "leave it at auto or 0")
+        if self.grouped_explicitly and self.adasum:
             raise ConfigError("--allreduce-groups cannot be combined with --adasum: Horovod's Adasum optimizer combines "
-                              "each parameter on its own (it would drop the groups); leave it at -1 (auto) or 0")
-        if self.shard_optimizer and (self.adasum or self.elastic or self.allreduce_groups > 0):
+                              "each parameter on its own (it would drop the groups); leave it at auto or 0")
+        if self.shard_optimizer and (self.adasum or self.elastic or self.grouped_explicitly):
             which = "--adasum" if self.adasum else "--elastic" if self.elastic else "--allreduce-groups"
             raise ConfigError(f"--shard-optimizer cannot be combined with {which}: the sharded update sends every "
                               f"gradient as one reduce-scatter and keeps each rank's part of the optimizer state "
@@ -308,7 +323,8 @@ class TrainConfig:
                                      ("--loss-scale dynamic", self.loss_scale == "dynamic")) if on]
             if clash:
                 raise ConfigError(f"--overlap-forward cannot be combined with {clash[0]}: it needs PyTorch's grouped "
-                                  f"allreduces (--allreduce-groups -1 or N), eager modules whose forward pass it can "
+                                  f"allreduces (--allreduce-groups auto, buckets or N), eager modules whose forward "
+                                  f"pass it can "
                                   f"hook, and an update that does not need every gradient at once (a loss scale's "
                                   f"overflow check does)")
         if self.elastic and self.framework != "torch":
@@ -430,14 +446,16 @@ def convert(name: str, tp, raw: str):
                 return False
             raise ValueError
         if tp is int:
-            return int(raw)
+            named = NAMED_VALUES.get(name, {})
+            return named[raw.lower()] if raw.lower() in named else int(raw)
         if tp is float:
             return float(raw)
         return str(raw)
     except ConfigError:
         raise
     except (ValueError, TypeError, StopIteration):
-        raise ConfigError(f"{flag(name)} expects {_describe(tp)}, got {raw!r}") from None
+        names = "".join(f" or {n}" for n in NAMED_VALUES.get(name, {}))
+        raise ConfigError(f"{flag(name)} expects {_describe(tp)}{names}, got {raw!r}") from None
 
 
 def load_config_file(cls: type, path: str) -> dict:
@@ -545,7 +563,8 @@ def help_text(cls: type, recipe: str) -> str:
             name = f"{flag(f.name)} {f.name.upper()}"
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         lines.append(f"  {name}")
-        lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}; default: {shown!r}]")
+        named = "".join(f" or {n}" for n in NAMED_VALUES.get(f.name, {}))
+        lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}{named}; default: {shown!r}]")
     rates = ", ".join(f"{name} {rate:g}" for name, rate in optimizer_rates(cls).items())
     lines += ["", f"base rate of each --optimizer when --base-lr is not given: {rates}"]
     return "\n".join(lines)
@@ -558,5 +577,5 @@ def optimizer_rates(cls: type) -> dict:
             for name in typing.get_args(hints["optimizer"])}
 
 
-__all__ = ["ConfigError", "TrainConfig", "parse_overrides", "help_text", "field_docs", "flag", "BASE_LRS",
-           "optimizer_rates"]
+__all__ = ["ConfigError", "TrainConfig", "GROUPS_AUTO", "GROUPS_BUCKETS", "parse_overrides", "help_text", "field_docs",
+           "flag", "BASE_LRS", "optimizer_rates"]

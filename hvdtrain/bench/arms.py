@@ -168,6 +168,7 @@ ARM_GROUPS = {
     "torch-32k": (f"{TORCH_ARM} rcvlowat 32k",),
     "torch-overlap": (f"{TORCH_ARM} overlap forward",),
     "torch-1group": (f"{TORCH_ARM} one group",),
+    "torch-buckets": (f"{TORCH_ARM} buckets",),
     "torch-1group-overlap": (f"{TORCH_ARM} one group overlap forward",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "ddp-timed": (DDP_TIMED_ARM,),
@@ -178,7 +179,8 @@ for a collective, and with each wait forced: horovod.torch's spinning wait, what
 before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo's reads waking at the library's
 32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank; with --overlap-forward; and with
 every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``, and that with
---overlap-forward),
+--overlap-forward; and in DDP's buckets wherever it runs, ``--allreduce-groups buckets``, which auto replaces by one
+group under a quota of less than a core per rank),
 PyTorch DDP under
 torchrun (its default bucket and a tuned one; ``ddp-timed``: its default with the comm hook that times its buckets
 under ``--timeline-steps`` in every run, so that the hook's own cost is measured against DDP's C++ default), and
@@ -223,6 +225,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                 env={"HOROVOD_GLOO_RCVLOWAT": "32768"}),
         f"{TORCH_ARM} overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                    ["--overlap-forward"], framework="torch"),
+        f"{TORCH_ARM} buckets": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
+                                           ["--allreduce-groups", "buckets"], framework="torch"),
         f"{TORCH_ARM} one group": lambda: hv(cluster, n, batch_size, recipe_args, timeout, ["--allreduce-groups", "1"],
                                              framework="torch"),
         f"{TORCH_ARM} one group overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,

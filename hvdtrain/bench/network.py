@@ -273,6 +273,7 @@ def add_parser(sub) -> None:
                         "waking at 32 KiB, the library's default, where hvdtrain chose 4 KiB), "
                         "torch-overlap (the same with --overlap-forward), torch-1group (the same with every gradient "
                         "in one group after the backward pass), torch-1group-overlap (that with --overlap-forward), "
+                        "torch-buckets (hvdtrain on PyTorch in DDP's buckets, under a quota too), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), ddp-timed (DDP's default with "
                         "the comm hook that times its buckets, in every run: the hook's cost), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")

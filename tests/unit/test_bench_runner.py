@@ -76,6 +76,25 @@ def test_the_ddp_timed_arm_runs_ddps_default_with_the_timing_hook_without_a_time
     assert calls == [{"bucket_times": False}, {"bucket_times": True}]
 
 
+def test_every_hvdtrain_arm_passes_flags_its_recipe_accepts(monkeypatch):
+    """The hvdtrain arms of ``bench network`` (torch-buckets: ``--allreduce-groups buckets``, DDP's buckets under a
+    quota too) run the MNIST recipe with their own flags; each set of flags is one the recipe's config takes."""
+    from hvdtrain.bench import arms
+    from hvdtrain.config import GROUPS_BUCKETS, TrainConfig, parse_overrides
+    calls = {}
+    monkeypatch.setattr(arms, "_hvdtrain", lambda *args, **kwargs: calls.setdefault(name, (args, kwargs)) and {})
+    names = [a for group in arms.ARM_GROUPS if group.startswith(("torch", "hvdtrain")) for a in arms.ARM_GROUPS[group]]
+    for name in names:
+        arms._arm(name, None, 2, 3, 1, 32, [], 60.0)()
+    assert set(calls) == set(names)
+    for args, kwargs in calls.values():
+        extra = list(args[5]) if len(args) > 5 else []
+        parse_overrides(TrainConfig, extra + ["--framework", kwargs.get("framework", "mxnet")]).validate()
+    buckets = calls[f"{arms.TORCH_ARM} buckets"]
+    assert parse_overrides(TrainConfig, list(buckets[0][5])).allreduce_groups == GROUPS_BUCKETS
+    assert buckets[1]["framework"] == "torch"
+
+
 def test_bench_ddp_runs_the_candidates_named_beside_hvdtrain_and_refuses_an_unknown_one_before_running(monkeypatch):
     from hvdtrain.bench import ddp
     from hvdtrain.config import ConfigError

@@ -3,7 +3,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hvdtrain.config import ConfigError, TrainConfig, field_docs, help_text, parse_overrides
+from hvdtrain.config import (GROUPS_AUTO, GROUPS_BUCKETS, ConfigError, TrainConfig, field_docs, help_text,
+                             parse_overrides)
 
 
 def test_every_field_is_documented():
@@ -20,6 +21,18 @@ def test_types_are_converted():
     assert cfg.fp16_allreduce is True and cfg.nesterov is False
 
 
+def test_allreduce_groups_takes_its_names_on_the_command_line_and_in_a_file(tmp_path):
+    assert parse_overrides(TrainConfig, ["--allreduce-groups", "buckets"]).allreduce_groups == GROUPS_BUCKETS
+    assert parse_overrides(TrainConfig, ["--allreduce-groups=auto"]).allreduce_groups == GROUPS_AUTO
+    assert parse_overrides(TrainConfig, ["--allreduce-groups", "3"]).allreduce_groups == 3
+    path = tmp_path / "cfg.yaml"
+    path.write_text("allreduce-groups: buckets\n")
+    cfg = parse_overrides(TrainConfig, ["--config", str(path)])
+    assert cfg.allreduce_groups == GROUPS_BUCKETS and cfg.grouped_explicitly
+    cfg.validate()
+    assert not TrainConfig().grouped_explicitly and not TrainConfig(allreduce_groups=0).grouped_explicitly
+
+
 def test_bool_accepts_explicit_values():
     assert parse_overrides(TrainConfig, ["--synthetic=false"]).synthetic is False
     assert parse_overrides(TrainConfig, ["--synthetic=yes"]).synthetic is True
@@ -31,6 +44,7 @@ def test_bool_accepts_explicit_values():
     (["--batchsize", "3"], "unknown option --batchsize"),
     (["--epochs"], "--epochs expects an integer after it"),
     (["epochs", "3"], "unexpected argument 'epochs'"),
+    (["--allreduce-groups", "bucket"], "--allreduce-groups expects an integer or auto or buckets, got 'bucket'"),
 ])
 def test_bad_flags_name_the_flag(argv, fragment):
     with pytest.raises(ConfigError) as e:
@@ -49,7 +63,10 @@ def test_bad_flags_name_the_flag(argv, fragment):
     ({"resume": "/nonexistent/ckpt.npz"}, "--resume must be auto, never or an existing checkpoint file"),
     ({"adasum": True, "precision": "fp16"}, "--adasum cannot be combined with loss scaling"),
     ({"adasum": True, "loss_scale": "dynamic"}, "--adasum cannot be combined with loss scaling"),
-    ({"allreduce_groups": -2}, "--allreduce-groups must be -1 (auto), 0 or a number of groups, got -2"),
+    ({"allreduce_groups": -3}, "--allreduce-groups must be auto (-1), buckets (-2), 0 or a number of groups, got -3"),
+    ({"allreduce_groups": -2, "framework": "mxnet"}, "--allreduce-groups buckets is PyTorch's"),
+    ({"allreduce_groups": -2, "elastic": True}, "--allreduce-groups cannot be combined with --elastic"),
+    ({"allreduce_groups": -2, "adasum": True}, "--allreduce-groups cannot be combined with --adasum"),
     ({"allreduce_groups": 1, "elastic": True}, "--allreduce-groups cannot be combined with --elastic"),
     ({"optimizer": "lars", "adasum": True}, "--optimizer lars cannot be combined with --adasum: its trust ratio"),
     ({"optimizer": "lamb", "shard_optimizer": True}, "--optimizer lamb cannot be combined with --shard-optimizer"),

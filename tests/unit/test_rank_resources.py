@@ -201,6 +201,7 @@ def test_gloos_reads_wake_at_4_kib_under_a_quota_of_less_than_a_core_per_rank_an
     ({}, True, True),                                # a GPU: per gradient
     ({"allreduce_groups": 0}, False, True),
     ({"allreduce_groups": 3}, True, False),
+    ({"allreduce_groups": -2}, True, False),         # buckets: grouped on a GPU too
     ({"elastic": True}, False, True),
     ({"shard_optimizer": True}, True, False),        # one reduce-scatter, queued whole
 ])

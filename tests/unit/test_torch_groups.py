@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from hvdtrain.backends.torch_groups import BUCKETS, BUCKET_BYTES, FIRST_BUCKET_BYTES, plan
+from hvdtrain.config import GROUPS_BUCKETS
 
 
 def tensors(*numels):
@@ -87,6 +88,12 @@ def test_auto_is_one_group_after_the_backward_pass_when_any_rank_has_less_than_a
     assert b.gathered == []  # no collective where nothing is to be decided
     assert backend([[1.0], [1.0]]).allreduce_groups(SimpleNamespace(**{**vars(cfg), "allreduce_groups": 3})) == 3
     assert backend([[1.0], [1.0]], MXNetBackend).allreduce_groups(cfg) == 1
+    # --allreduce-groups buckets: DDP's buckets under the quota too, with no collective to decide it, and on a GPU
+    buckets = SimpleNamespace(**{**vars(cfg), "allreduce_groups": GROUPS_BUCKETS})
+    b = backend([[1.0], [1.0]])
+    assert b.allreduce_groups(buckets) == BUCKETS and b.gathered == [] and b.allreduce_groups_reason == ""
+    b.on_gpu = True
+    assert b.allreduce_groups(buckets) == BUCKETS and b.allreduce_groups(cfg) == 0
 
 
 @pytest.mark.parametrize("other, named", [
