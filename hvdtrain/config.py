@@ -423,6 +423,11 @@ def _describe(tp) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
 
 
+def _names(name: str) -> str:
+    """' or auto or buckets': the names an integer option also takes (NAMED_VALUES), for its help and errors."""
+    return "".join(f" or {n}" for n in NAMED_VALUES.get(name, {}))
+
+
 def convert(name: str, tp, raw: str):
     """Convert a command-line string to the field type ``tp``; ConfigError names the flag on failure."""
     origin = typing.get_origin(tp)
@@ -454,8 +459,7 @@ def convert(name: str, tp, raw: str):
     except ConfigError:
         raise
     except (ValueError, TypeError, StopIteration):
-        names = "".join(f" or {n}" for n in NAMED_VALUES.get(name, {}))
-        raise ConfigError(f"{flag(name)} expects {_describe(tp)}{names}, got {raw!r}") from None
+        raise ConfigError(f"{flag(name)} expects {_describe(tp)}{_names(name)}, got {raw!r}") from None
 
 
 def load_config_file(cls: type, path: str) -> dict:
@@ -563,8 +567,7 @@ def help_text(cls: type, recipe: str) -> str:
             name = f"{flag(f.name)} {f.name.upper()}"
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         lines.append(f"  {name}")
-        named = "".join(f" or {n}" for n in NAMED_VALUES.get(f.name, {}))
-        lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}{named}; default: {shown!r}]")
+        lines.append(f"      {docs.get(f.name, '')} [{_describe(tp)}{_names(f.name)}; default: {shown!r}]")
     rates = ", ".join(f"{name} {rate:g}" for name, rate in optimizer_rates(cls).items())
     lines += ["", f"base rate of each --optimizer when --base-lr is not given: {rates}"]
     return "\n".join(lines)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 
 from .. import precision as precisions
-from ..config import GROUPS_BUCKETS
+from ..config import GROUPS_AUTO
 from ..phases import PhaseTimer
 from .resources import (below_a_core, cgroup_cpu_quota, cgroup_key, decode_cores, encode_cores, host_key, own_cores,
                         slurm_cpus_per_task, thread_budget)
@@ -243,16 +243,14 @@ class Backend(abc.ABC):
     """Why auto chose :attr:`quota_allreduce_groups` (for config.json); empty otherwise."""
 
     def allreduce_groups(self, cfg) -> int:
-        """``--allreduce-groups`` with auto (-1) and buckets (-2: :attr:`cpu_allreduce_groups` wherever the job runs)
-        resolved; auto: :attr:`cpu_allreduce_groups` on the CPU, or
-        :attr:`quota_allreduce_groups` where a rank has less than a core under a quota (unless --overlap-forward asks
-        for groups), none on a GPU (per-gradient allreduces overlap the backward pass there), none in elastic mode (see
-        the config) and none with Adasum (Horovod's Adasum optimizer combines each parameter on its own). Called once,
-        in setup, on every rank (the quota's answer is agreed in one allgather: groups must be the same on all)."""
-        if cfg.allreduce_groups >= 0:
+        """``--allreduce-groups`` with auto (-1) resolved (N, 0 and buckets stand as given):
+        :attr:`cpu_allreduce_groups` on the CPU, or :attr:`quota_allreduce_groups` where a rank has less than a core
+        under a quota (unless --overlap-forward asks for groups), none on a GPU (per-gradient allreduces overlap the
+        backward pass there), none in elastic mode (see the config) and none with Adasum (Horovod's Adasum optimizer
+        combines each parameter on its own). Called once, in setup, on every rank (the quota's answer is agreed in one
+        allgather: groups must be the same on all)."""
+        if cfg.allreduce_groups != GROUPS_AUTO:  # N, 0, or PyTorch's buckets (the config refuses them elsewhere)
             return cfg.allreduce_groups
-        if cfg.allreduce_groups == GROUPS_BUCKETS:  # PyTorch's buckets (the config refuses it elsewhere)
-            return self.cpu_allreduce_groups
         if self.auto_per_gradient(cfg, self.on_gpu):
             return 0
         if self.quota_allreduce_groups is not None and self.size > 1 and not cfg.overlap_forward:
@@ -276,7 +274,7 @@ class Backend(abc.ABC):
         reduce-scatter, queued whole. Known before hvd.init(), for the idle wait (resources.horovod_environment)."""
         if cfg.shard_optimizer:
             return False
-        if cfg.allreduce_groups >= 0 or cfg.allreduce_groups == GROUPS_BUCKETS:
+        if cfg.allreduce_groups != GROUPS_AUTO:
             return cfg.allreduce_groups == 0
         return cls.auto_per_gradient(cfg, on_gpu)
 

@@ -27,8 +27,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-BUCKETS = -1
-"""``groups`` for DDP's buckets: the first closed at FIRST_BUCKET_BYTES, each of the others at BUCKET_BYTES."""
+from ..config import GROUPS_BUCKETS
+
+BUCKETS = GROUPS_BUCKETS
+"""``groups`` for DDP's buckets: the first closed at FIRST_BUCKET_BYTES, each of the others at BUCKET_BYTES (the
+value of ``--allreduce-groups buckets``, which auto resolves to on PyTorch's CPU)."""
 FIRST_BUCKET_BYTES = 1 << 20
 """DDP's first bucket (torch.distributed's default first-bucket size): small, so it leaves early in the backward
 pass."""
