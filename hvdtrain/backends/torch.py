@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import multiprocessing
 import os
 import random
 import sys
@@ -94,18 +95,78 @@ def _elastic_state(backend):
     return TrainingState()
 
 
-def _worker_dies_with_rank(rank_pid: int, worker_id: int) -> None:
-    """DataLoader's ``worker_init_fn``: the kernel kills the worker when its rank's process ends."""
+WORKER_START_SECONDS = 10.0
+"""How long a data loader worker may take from its fork to its ``worker_init_fn`` (a few milliseconds when it works)
+before it counts as stuck at its start and the loader's workers are started again (:func:`_started`)."""
+WORKER_STARTS = 3
+"""Starts of a loader's workers before a worker stuck at its start fails the job."""
+
+
+def _worker_starts(started, rank_pid: int, worker_id: int) -> None:
+    """DataLoader's ``worker_init_fn``: the kernel kills the worker when its rank's process ends, and the worker
+    marks itself started in ``started`` (shared memory, one byte per worker)."""
     die_with_parent(rank_pid)
+    started[worker_id] = 1
 
 
-def _within_timeout(loader, seconds: float) -> Iterator[Any]:
-    """``loader``'s batches; its timeout names what it means and what to change."""
+def _end_workers(iterator) -> None:
+    """Kill what is left of a multiprocess DataLoader iterator's workers (SIGKILL: a worker stuck in its start never
+    ran the Python that would handle a SIGTERM, and has not asked the kernel to kill it with its rank), then shut the
+    iterator down. Its workers' pids leave PyTorch's SIGCHLD check first, which would otherwise report the kill as a
+    worker failure."""
+    import signal
+    from torch.utils.data import _utils
+    if getattr(iterator, "_worker_pids_set", False):
+        _utils.signal_handling._remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False
+    for w in getattr(iterator, "_workers", []):
+        if w.is_alive():
+            try:
+                os.kill(w.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    iterator._shutdown_workers()
+
+
+def _started(loader, started) -> Any:
+    """``iter(loader)`` once each of its workers has run its ``worker_init_fn``. A child forked while another
+    thread of the rank held CPython's list of threads (CPython issue gh-112275; Python 3.11.7 has it) waits for that
+    lock forever and never runs a line of the worker: it would deliver no batch (the loader's timeout then fails the
+    job) and outlive its rank (it never asked to die with it), holding the rank's output open, so that the launcher
+    never ends the job. Such a start is killed and repeated, with the random state it began with (the same seeds,
+    the same batches), up to WORKER_STARTS times."""
+    state = torch.get_rng_state()
+    for attempt in range(1, WORKER_STARTS + 1):
+        started[:] = [0] * len(started)
+        torch.set_rng_state(state)  # the iterator draws its workers' base seed from it
+        iterator = iter(loader)
+        deadline = time.monotonic() + WORKER_START_SECONDS
+        while not all(started) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if all(started):
+            return iterator
+        stuck = [w.pid for w, ran in zip(iterator._workers, started) if not ran]
+        _end_workers(iterator)
+        print(f"hvdtrain: warning: data loader worker(s) {', '.join(map(str, stuck))} did not start within "
+              f"{WORKER_START_SECONDS:g} s of their fork (start {attempt} of {WORKER_STARTS}): killed"
+              + (", starting the loader's workers again" if attempt < WORKER_STARTS else ""),
+              file=sys.stderr, flush=True)
+    raise RuntimeError(f"data loader workers (--num-workers) did not start {WORKER_STARTS} times in a row: a worker "
+                       f"forked by this rank never ran (CPython issue gh-112275 makes a fork next to a starting or "
+                       f"ending thread hang; a newer Python fixes it), or this host is too loaded to start one within "
+                       f"{WORKER_START_SECONDS:g} s; try --num-workers 0")
+
+
+def _within_timeout(loader, started, seconds: float) -> Iterator[Any]:
+    """``loader``'s batches, its workers started (:func:`_started`); its timeout names what it means and what to
+    change, and kills the workers left, so that none outlives the rank."""
+    iterator = _started(loader, started)
     try:
-        yield from loader
+        yield from iterator
     except RuntimeError as e:
         if "timed out" not in str(e):
             raise
+        _end_workers(iterator)
         raise RuntimeError(f"{e}: a data loader worker (--num-workers) delivered no batch within --stall-timeout "
                            f"({seconds:g} s): it hung, or reads far too slowly (raise --stall-timeout for slow "
                            f"storage)") from e
@@ -544,16 +605,17 @@ class TorchBackend(Backend):
         limit = self.worker_timeout if num_workers > 0 else 0  # (PyTorch refuses a timeout without workers)
         # Each worker dies with its rank: one stuck in a read would otherwise outlive a rank that was killed (by
         # horovodrun after another rank failed, or the OOM killer), holding the rank's output pipes open, and the
-        # launcher would wait for them.
+        # launcher would wait for them. And each says it started (_started).
+        started = multiprocessing.Array("b", num_workers, lock=False) if num_workers > 0 else None
         loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, sampler=list(sampler),
                                              collate_fn=getattr(dataset, "collate", None),
                                              num_workers=num_workers, drop_last=drop_last,
                                              pin_memory=self.device.type == "cuda",
                                              persistent_workers=False, timeout=limit,
-                                             worker_init_fn=functools.partial(_worker_dies_with_rank, os.getpid()))
+                                             worker_init_fn=functools.partial(_worker_starts, started, os.getpid()))
         spec = pixel_normalization(dataset)
         to_device = self._to_device if spec is None else functools.partial(self._pixels_to_device, spec)
-        return map(to_device, _within_timeout(loader, limit) if limit else loader)
+        return map(to_device, _within_timeout(loader, started, limit) if limit else loader)
 
     # --- collectives -----------------------------------------------------------------------------------------------
     def allreduce_array_start(self, values: np.ndarray, tag: str) -> Callable[[], np.ndarray]:
