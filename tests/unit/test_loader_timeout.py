@@ -149,7 +149,7 @@ class Squares(torch.utils.data.Dataset):
 
 
 os.register_at_fork(after_in_child=stuck)
-torch_backend.WORKER_START_SECONDS, torch_backend.WORKER_STARTS = 1.0, 3 if mode == "once" else 2
+torch_backend.WORKER_START_SECONDS, torch_backend.WORKER_STARTS = 3.0, 3 if mode == "once" else 2
 b = make_backend("torch")
 b.device, b.worker_timeout = torch.device("cpu"), 30.0
 torch.manual_seed(0)
@@ -185,8 +185,10 @@ def test_a_worker_stuck_at_its_start_is_killed_and_the_workers_start_again_with_
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "batches equal" in proc.stdout, proc.stdout
     assert len(pids) == 1 and not _alive(pids[0]) or pytest.fail(f"the stuck worker {pids} was left running")
-    assert f"data loader worker(s) {pids[0]} did not start within 1 s of their fork (start 1 of 3): killed, " \
-           f"starting the loader's workers again" in proc.stderr, proc.stderr
+    # (3 s: a healthy worker takes milliseconds, and a slow one on a loaded machine is named too, and started again)
+    warning = next((line for line in proc.stderr.splitlines() if "(start 1 of 3)" in line), "")
+    assert warning.endswith("did not start within 3 s of their fork (start 1 of 3): killed, starting the loader's "
+                            "workers again") and str(pids[0]) in warning, proc.stderr
     plain = subprocess.run([sys.executable, "-c", "import torch; torch.manual_seed(0); "
                             "import torch.utils.data as d; list(d.DataLoader(list(range(24)), batch_size=4, "
                             "num_workers=2)); print(f'rng {torch.rand(1).item()!r}')"],
