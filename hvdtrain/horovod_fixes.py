@@ -49,6 +49,8 @@ FIXES = (
                 f"or horovodrun --mpi)"),
     Fix(9, "Gloo: the TCP reader wakes for every packet of a slow link (CPU per step)", "gloo"),
     Fix(10, "the timeline writer spins for the whole job once --timeline-steps arms it", "timeline"),
+    Fix(11, "Gloo: a small allreduce waits for a large one on the wire to end (HOROVOD_GLOO_ASYNC_BYTES has no "
+            "effect), which holds the next step back by its negotiation and transfer", "gloo"),
 )
 """Fixes 1 and 4 only let the sdist compile (C++17; a CPU build beside a CUDA wheel of torch): every Horovod that
 imports has what they give."""

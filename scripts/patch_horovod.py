@@ -84,11 +84,27 @@
    between looks (a pending start or stop of the timeline waits that long at most; the queue holds a million
    records, far more than 5 ms of any job writes).
 
+11. A small allreduce held behind a large one: Horovod's background thread runs one collective at a time, so a group
+   of gradients queued while a large one is on the wire (the convolutions' group, ready a few ms into the output
+   layers' 300 ms over a shaped link) is negotiated and reduced only after it, and holds the next step back by the
+   negotiation and its own transfer (measured: 8-9 ms of a 317 ms step at 2 hosts, where c10d's process group, a
+   pool of threads with a tag per collective, reduces DDP's second bucket beside its first). With
+   HOROVOD_GLOO_ASYNC_BYTES=N an allreduce of at least N bytes on the global process set (CPU tensors, Gloo) runs
+   on a thread of its own, under a Gloo tag of its own on the same context (Gloo matches messages by slot, and its
+   allreduce documents the tag as what tells parallel operations apart), and the background thread goes on
+   negotiating and running what is queued behind it. One such allreduce is in flight at a time: the next waits for
+   it. The ranks cannot deadlock on it: every rank performs the same responses in the same order, so by the time any
+   rank's background thread completes a collective after the large one, every rank has started the large one, and
+   the large one needs nothing from the background threads; a rank waiting for the previous large one waits for an
+   operation every rank has started. Whether it is on is agreed by the ranks (the smallest value of the variable, by
+   an allreduce of the first allreduce each rank runs on the global set), so a variable set on some hosts only
+   cannot split them; the shutdown waits for the one in flight.
+
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
 
-A library built with any of fixes 2, 3 and 5-10 says which: the patch adds ``horovod_hvdtrain_fixes()`` to the
-library's C interface (beside ``horovod_gloo_built()``), returning their numbers ("1,2,...,10"), which
+A library built with any of fixes 2, 3 and 5-11 says which: the patch adds ``horovod_hvdtrain_fixes()`` to the
+library's C interface (beside ``horovod_gloo_built()``), returning their numbers ("1,2,...,11"), which
 hvdtrain.horovod_fixes reads through ctypes. A build with only what it needs to compile (fixes 1 and 4, ``--fixes
 1,4``: a stock Horovod for the tests) has no such function, as a stock or other build has none.
 
@@ -415,6 +431,244 @@ TIMELINE_IDLE = [
 ]
 
 
+GLOO_OPS_H = os.path.join("horovod", "common", "ops", "gloo_operations.h")
+GLOO_OPS_CC = os.path.join("horovod", "common", "ops", "gloo_operations.cc")
+BESIDE_CODE = """// hvdtrain (fix 11): an allreduce of at least HOROVOD_GLOO_ASYNC_BYTES bytes runs beside the background thread.
+namespace {
+
+// The Gloo tag of the allreduce that runs beside: every other collective of Horovod leaves Gloo's tag at 0.
+constexpr uint32_t kBesideTag = 0x68766474;
+
+// One thread that runs one job at a time; Start waits for the job before it.
+class BesideRunner {
+public:
+  void Start(std::function<void()> job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return !busy_; });
+    job_ = std::move(job);
+    busy_ = true;
+    if (!started_) {
+      std::thread(&BesideRunner::Loop, this).detach();
+      started_ = true;
+    }
+    work_.notify_one();
+  }
+
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return !busy_; });
+  }
+
+private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [this] { return job_ != nullptr; });
+      auto job = std::move(job_);
+      job_ = nullptr;
+      lock.unlock();
+      job();
+      lock.lock();
+      busy_ = false;
+      idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_;
+  std::condition_variable idle_;
+  std::function<void()> job_;
+  bool busy_ = false;
+  bool started_ = false;
+};
+
+// Never destroyed: its detached thread may still wait on it while the process exits.
+BesideRunner& Beside() {
+  static BesideRunner* runner = new BesideRunner();
+  return *runner;
+}
+
+} // namespace
+
+void GlooAllreduceDrain() { Beside().Drain(); }
+
+int64_t GlooAllreduce::BesideBytes(const TensorTableEntry& first_entry,
+                                   GlooContext& gloo_context) {
+  if (first_entry.process_set_id != 0 || first_entry.device != CPU_DEVICE_ID) {
+    return 0;
+  }
+  if (!beside_agreed_) {
+    // Every rank runs this same first allreduce of the global set: the ranks agree on the smallest value, so that
+    // a variable set on some hosts only turns it off rather than splitting them.
+    const char* value = std::getenv("HOROVOD_GLOO_ASYNC_BYTES");
+    int64_t bytes = value == nullptr ? 0 : std::max<int64_t>(0, std::strtoll(value, nullptr, 10));
+    GlooAlgorithms<int64_t> agree(&gloo_context);
+    agree.Allreduce(&bytes, 1, ReduceOp::MIN);
+    beside_bytes_ = gloo_context.ctx->size > 1 ? bytes : 0;
+    beside_agreed_ = true;
+  }
+  return beside_bytes_;
+}
+
+Status GlooAllreduce::ExecuteBeside(std::vector<TensorTableEntry>& entries,
+                                    ReduceOp reduce_op, double prescale_factor,
+                                    double postscale_factor,
+                                    GlooContext* gloo_context) {
+  // The one before it first: every rank waits here at the same response, for an allreduce every rank has started.
+  Beside().Drain();
+  auto& timeline = global_state_->timeline;
+  auto& first_entry = entries[0];
+  int64_t num_elements = NumElements(entries);
+  void* buffer_data;
+  if (entries.size() > 1) {
+    // A buffer of its own: the fusion buffer is the next collective's while this one is on the wire.
+    timeline.ActivityStartAll(entries, MEMCPY_IN_FUSION_BUFFER);
+    int64_t bytes = 0;
+    for (auto& e : entries) {
+      bytes += e.tensor->size();
+    }
+    if ((int64_t)beside_buffer_.size() < bytes) {
+      beside_buffer_.resize(bytes);
+    }
+    buffer_data = beside_buffer_.data();
+    int64_t offset = 0;
+    for (auto& e : entries) {
+      MemcpyEntryInFusionBuffer(entries, e, (uint8_t*)buffer_data + offset);
+      offset += e.tensor->size();
+    }
+    timeline.ActivityEndAll(entries);
+  } else {
+    buffer_data = (void*)first_entry.output->data();
+    if (buffer_data != first_entry.tensor->data()) {
+      std::memcpy(buffer_data, first_entry.tensor->data(),
+                  (size_t)first_entry.tensor->size());
+    }
+  }
+  if (prescale_factor != 1.0) {
+    ScaleBuffer(prescale_factor, entries, buffer_data, buffer_data, num_elements);
+  }
+  DataType dtype = first_entry.tensor->dtype();
+  auto held = std::make_shared<std::vector<TensorTableEntry>>(std::move(entries));
+  Beside().Start([this, held, reduce_op, postscale_factor, gloo_context, buffer_data,
+                  num_elements, dtype]() {
+    auto& timeline = global_state_->timeline;
+    auto& done = *held;
+    Status status = Status::OK();
+    try {
+      timeline.ActivityStartAll(done, GLOO_ALLREDUCE);
+      std::unique_ptr<IGlooAlgorithms> gloo_algos(
+          GetAlgorithmsForType(dtype, gloo_context));
+      gloo_algos->Allreduce(buffer_data, (int)num_elements, reduce_op, kBesideTag);
+      timeline.ActivityEndAll(done);
+      if (postscale_factor != 1.0) {
+        ScaleBuffer(postscale_factor, done, buffer_data, buffer_data, num_elements);
+      }
+      if (done.size() > 1) {
+        timeline.ActivityStartAll(done, MEMCPY_OUT_FUSION_BUFFER);
+        MemcpyOutFusionBuffer(buffer_data, done);
+        timeline.ActivityEndAll(done);
+      }
+    } catch (const std::exception& ex) {
+      status = Status::UnknownError(ex.what());
+    }
+    for (auto& e : done) {
+      timeline.End(e.tensor_name, status.ok() ? e.output : nullptr);
+      e.FinishWithCallback(status);
+    }
+  });
+  return Status::InProgress();
+}
+
+"""
+# (file, old, new, count) for fix 11.
+GLOO_BESIDE = [
+    (GLOO_OPS_H, "#include <stdint.h>\n#include <vector>\n",
+     "#include <stdint.h>\n#include <vector>\n#include <algorithm>\n#include <condition_variable>\n#include <cstdlib>\n"
+     "#include <cstring>\n#include <functional>\n#include <memory>\n#include <mutex>\n#include <thread>\n", 1),
+    (GLOO_OPS_H, """  virtual void Allreduce(void* buffer_data, int num_elements,
+                         ReduceOp reduce_op) = 0;
+""", """  virtual void Allreduce(void* buffer_data, int num_elements,
+                         ReduceOp reduce_op, uint32_t tag = 0) = 0;  // hvdtrain (fix 11): the tag
+""", 1),
+    (GLOO_OPS_H, """  void Allreduce(void* buffer_data, int num_elements,
+                 ReduceOp reduce_op) override;
+""", """  void Allreduce(void* buffer_data, int num_elements,
+                 ReduceOp reduce_op, uint32_t tag = 0) override;
+""", 1),
+    (GLOO_OPS_H, """  explicit GlooAllreduce(HorovodGlobalState* global_state);
+
+  Status Execute(std::vector<TensorTableEntry>& entries,
+                 const Response& response) override;
+
+  bool Enabled(const ParameterManager& param_manager,
+               const std::vector<TensorTableEntry>& entries,
+               const Response& response) const override;
+};
+""", """  explicit GlooAllreduce(HorovodGlobalState* global_state);
+
+  Status Execute(std::vector<TensorTableEntry>& entries,
+                 const Response& response) override;
+
+  bool Enabled(const ParameterManager& param_manager,
+               const std::vector<TensorTableEntry>& entries,
+               const Response& response) const override;
+
+private:
+  // hvdtrain (fix 11): the size from which an allreduce runs beside the background thread (0: never).
+  int64_t BesideBytes(const TensorTableEntry& first_entry, GlooContext& gloo_context);
+  Status ExecuteBeside(std::vector<TensorTableEntry>& entries, ReduceOp reduce_op,
+                       double prescale_factor, double postscale_factor,
+                       GlooContext* gloo_context);
+  bool beside_agreed_ = false;
+  int64_t beside_bytes_ = 0;
+  std::vector<uint8_t> beside_buffer_;
+};
+
+// hvdtrain (fix 11): wait for the allreduce running beside the background thread, if one is.
+void GlooAllreduceDrain();
+""", 1),
+    (GLOO_OPS_CC, """void GlooAlgorithms<T>::Allreduce(void* buffer_data, int num_elements,
+                                  ReduceOp reduce_op) {
+  gloo::AllreduceOptions opts(gloo_context_->ctx);
+""", """void GlooAlgorithms<T>::Allreduce(void* buffer_data, int num_elements,
+                                  ReduceOp reduce_op, uint32_t tag) {
+  gloo::AllreduceOptions opts(gloo_context_->ctx);
+  opts.setTag(tag);
+""", 1),
+    (GLOO_OPS_CC, "GlooAllreduce::GlooAllreduce(HorovodGlobalState* global_state)\n",
+     BESIDE_CODE + "GlooAllreduce::GlooAllreduce(HorovodGlobalState* global_state)\n", 1),
+    (GLOO_OPS_CC, """    throw std::logic_error("Reduction op type not supported.");
+  }
+
+  const void* fused_input_data;
+""", """    throw std::logic_error("Reduction op type not supported.");
+  }
+
+  int64_t beside_bytes = BesideBytes(first_entry, gloo_context);
+  if (beside_bytes > 0) {
+    int64_t bytes = 0;
+    for (auto& e : entries) {
+      bytes += e.tensor->size();
+    }
+    if (bytes >= beside_bytes) {  // hvdtrain (fix 11)
+      return ExecuteBeside(entries, glooOp, prescale_factor, postscale_factor, &gloo_context);
+    }
+  }
+
+  const void* fused_input_data;
+""", 1),
+    (OPERATIONS, """  // Signal that shutdown has been requested.
+  state.shut_down = true;
+""", """  // Signal that shutdown has been requested.
+  state.shut_down = true;
+
+#if HAVE_GLOO
+  // hvdtrain (fix 11): the allreduce running beside this thread ends (or fails) before the contexts go.
+  GlooAllreduceDrain();
+#endif
+""", 1),
+]
+
 class PatchError(RuntimeError):
     pass
 
@@ -444,6 +698,7 @@ FIXES = {  # number -> its (file, old, new, count) replacements
     8: GLOO_REDUCE_SCATTER,
     9: GLOO_READ_LOW_WATER,
     10: TIMELINE_IDLE,
+    11: GLOO_BESIDE,
 }
 BUILD_ONLY = (1, 4)
 """Fixes that only let the sdist compile here (no behaviour of the library changes): a build with only these is a

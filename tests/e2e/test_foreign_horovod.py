@@ -68,7 +68,7 @@ def test_doctor_names_the_stock_horovod_and_each_missing_fix(user_venv):
     assert "horovod fixes" in result.stdout, describe(result)
     line = next(line for line in result.stdout.splitlines() if "horovod fixes" in line)
     assert line.split()[0] == "warn" and "no hvdtrain fixes: a stock or other build; missing: fix 2:" in line, line
-    assert all(f"fix {n}:" in line for n in (2, 3, 5, 6, 7, 8, 9, 10)), line
+    assert all(f"fix {n}:" in line for n in (2, 3, 5, 6, 7, 8, 9, 10, 11)), line
     assert "fix: make horovod" in result.stdout and "--shard-optimizer under Gloo is refused" in result.stdout
 
 
