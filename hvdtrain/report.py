@@ -42,6 +42,8 @@ def announce(trainer, steps: int) -> None:
                     "malloc": b.malloc,
                     # Gloo's read low-water mark (resources.gloo_rcvlowat): "" is the library's default, 32 KiB
                     "horovod_gloo_rcvlowat": os.environ.get("HOROVOD_GLOO_RCVLOWAT", ""),
+                    # the size from which a Gloo allreduce runs beside Horovod's background thread (fix 11)
+                    "horovod_gloo_async_bytes": os.environ.get("HOROVOD_GLOO_ASYNC_BYTES", ""),
                     # --allreduce-groups auto under a CPU quota (Backend.allreduce_groups): why one group, or ""
                     "allreduce_groups_reason": b.allreduce_groups_reason,
                     **({"output_url": trainer.output_url} if getattr(trainer, "output_url", "") else {})}

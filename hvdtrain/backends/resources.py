@@ -227,6 +227,10 @@ def horovod_environment(cfg, per_gradient: bool) -> None:
     # groups' wait for the allreduce 1.3 ms a step shorter with 2; per gradient, 1 the faster.
     os.environ.setdefault("HOROVOD_IDLE_WAIT", "1" if per_gradient else "2")
     os.environ.setdefault("HOROVOD_SPIN_WAIT", spin_wait())
+    # hvdtrain's Horovod (fix 11): an allreduce of at least GLOO_BESIDE_BYTES runs on a thread of its own, so that a
+    # group queued while it is on the wire (the convolutions' behind a fully connected head) is reduced beside it,
+    # as c10d reduces DDP's buckets, rather than after it.
+    os.environ.setdefault("HOROVOD_GLOO_ASYNC_BYTES", str(GLOO_BESIDE_BYTES))
     lowat = gloo_rcvlowat()
     if lowat:
         os.environ.setdefault("HOROVOD_GLOO_RCVLOWAT", lowat)
@@ -267,6 +271,12 @@ def below_a_core(proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT
     than a core."""
     quota = cgroup_cpu_quota(proc_cgroup, root)
     return quota is not None and quota[0] / max(1, ranks or launcher_local_size()) < 1.0
+
+
+GLOO_BESIDE_BYTES = 1 << 20
+"""The size from which a Gloo allreduce runs beside Horovod's background thread (``HOROVOD_GLOO_ASYNC_BYTES``,
+hvdtrain's Horovod, scripts/patch_horovod.py fix 11): DDP's first bucket. A smaller one is short on the wire, and
+the next would wait little for it."""
 
 
 # The most bytes a paused read of Gloo's transport waits for (hvdtrain's Horovod, scripts/patch_horovod.py fix 9),

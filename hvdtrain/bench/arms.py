@@ -170,6 +170,7 @@ ARM_GROUPS = {
     "torch-1group": (f"{TORCH_ARM} one group",),
     "torch-buckets": (f"{TORCH_ARM} buckets",),
     "torch-1group-overlap": (f"{TORCH_ARM} one group overlap forward",),
+    "torch-serial": (f"{TORCH_ARM} one at a time",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "ddp-timed": (DDP_TIMED_ARM,),
     "horovod-torch": ("horovod torch",),
@@ -180,7 +181,8 @@ before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo
 32 KiB, which hvdtrain lowers to 4 KiB under a quota of less than a core per rank; with --overlap-forward; and with
 every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``, and that with
 --overlap-forward; and in DDP's buckets wherever it runs, ``--allreduce-groups buckets``, which auto replaces by one
-group under a quota of less than a core per rank),
+group under a quota of less than a core per rank; and with Horovod running one collective at a time,
+``HOROVOD_GLOO_ASYNC_BYTES=0``, where hvdtrain runs a large allreduce beside the others),
 PyTorch DDP under
 torchrun (its default bucket and a tuned one; ``ddp-timed``: its default with the comm hook that times its buckets
 under ``--timeline-steps`` in every run, so that the hook's own cost is measured against DDP's C++ default), and
@@ -232,6 +234,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
         f"{TORCH_ARM} one group overlap forward": lambda: hv(cluster, n, batch_size, recipe_args, timeout,
                                                              ["--allreduce-groups", "1", "--overlap-forward"],
                                                              framework="torch"),
+        f"{TORCH_ARM} one at a time": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+                                                 env={"HOROVOD_GLOO_ASYNC_BYTES": "0"}),
         "ddp": ddp,
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: ddp(bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         DDP_TIMED_ARM: lambda: ddp(bucket_times=True),

@@ -274,6 +274,8 @@ def add_parser(sub) -> None:
                         "torch-overlap (the same with --overlap-forward), torch-1group (the same with every gradient "
                         "in one group after the backward pass), torch-1group-overlap (that with --overlap-forward), "
                         "torch-buckets (hvdtrain on PyTorch in DDP's buckets, under a quota too), "
+                        "torch-serial (hvdtrain on PyTorch with Horovod running one collective at a time, "
+                        "HOROVOD_GLOO_ASYNC_BYTES=0), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), ddp-timed (DDP's default with "
                         "the comm hook that times its buckets, in every run: the hook's cost), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
