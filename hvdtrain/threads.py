@@ -7,7 +7,8 @@ they were born and where they wait: the threads a collective library's start-up 
 ``init_process_group``) are recorded around that one call (:func:`created_by`). Gloo's and MPI's threads wait in the
 kernel's epoll/poll between messages (``/proc/self/task/TID/wchan``, sampled a few times: a running thread shows
 none); of the others, the first born is Horovod's background thread (``hvd.init()`` starts it, and it builds the
-transport). Checked with gdb on a 2-rank job: the background thread in ``BackgroundThreadLoop``, the two pollers in
+transport). A thread that names itself is known by its name (:data:`NAMED`: hvdtrain's Horovod's thread for a large
+allreduce, started later). Checked with gdb on a 2-rank job: the background thread in ``BackgroundThreadLoop``, the two pollers in
 ``gloo::transport::tcp::Loop::run``. Python threads carry their own names. Every other thread is the framework's (its
 intra-op and engine pools). Nothing here imports a framework; reading the table costs a few system calls per thread.
 
@@ -97,11 +98,23 @@ def _pollers(tids, samples: int = 10, interval: float = 0.005) -> Set[int]:
     return seen
 
 
-def role_of(tid: int, python: Dict[int, str], main: int) -> str:
+NAMED = {"hvd beside": "horovod"}
+"""Threads that name themselves, by their kernel name (``/proc/self/task/TID/comm``): hvdtrain's Horovod runs a large
+allreduce on a thread of its own, started at the first one (scripts/patch_horovod.py fix 11)."""
+
+
+def thread_names(pid: str = "self") -> Dict[int, str]:
+    """Every live thread's kernel name, by thread id; {} where /proc is missing."""
+    return _per_thread(pid, "comm", str.strip)
+
+
+def role_of(tid: int, python: Dict[int, str], main: int, names: Optional[Dict[int, str]] = None) -> str:
     if tid == main:
         return "main"
     if tid in _born:
         return _born[tid]
+    if names and names.get(tid) in NAMED:
+        return NAMED[names[tid]]
     if tid in python:
         return "python"
     return "framework"
@@ -132,11 +145,12 @@ class ThreadCpu:
         now, cpu = thread_ticks(), time.process_time() - self._cpu0
         python = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         main = threading.main_thread().native_id or os.getpid()
+        names = thread_names()
         for tid, ticks in now.items():
-            out[role_of(tid, python, main)] += (ticks - self._start.get(tid, 0)) / _TICKS
+            out[role_of(tid, python, main, names)] += (ticks - self._start.get(tid, 0)) / _TICKS
         self.wakeups = {role: 0 for role in ROLES if role != "ended"}
         for tid, count in thread_wakeups().items():
-            self.wakeups[role_of(tid, python, main)] += count - self._wakeups0.get(tid, 0)
+            self.wakeups[role_of(tid, python, main, names)] += count - self._wakeups0.get(tid, 0)
         live = sum(out.values())
         out["ended"] = max(0.0, cpu - live)  # threads gone before stop() (ticks make the sum coarse: 10 ms)
         return out

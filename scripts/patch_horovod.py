@@ -90,7 +90,7 @@
    negotiation and its own transfer (measured: 8-9 ms of a 317 ms step at 2 hosts, where c10d's process group, a
    pool of threads with a tag per collective, reduces DDP's second bucket beside its first). With
    HOROVOD_GLOO_ASYNC_BYTES=N an allreduce of at least N bytes on the global process set (CPU tensors, Gloo) runs
-   on a thread of its own, under a Gloo tag of its own on the same context (Gloo matches messages by slot, and its
+   on a thread of its own ("hvd beside"), under a Gloo tag of its own on the same context (Gloo matches messages by slot, and its
    allreduce documents the tag as what tells parallel operations apart), and the background thread goes on
    negotiating and running what is queued behind it. One such allreduce is in flight at a time: the next waits for
    it. The ranks cannot deadlock on it: every rank performs the same responses in the same order, so by the time any
@@ -461,6 +461,10 @@ public:
 
 private:
   void Loop() {
+#if defined(__linux__)
+    // Named, so that a rank's CPU by thread tells it from the framework's threads (hvdtrain.threads).
+    pthread_setname_np(pthread_self(), "hvd beside");
+#endif
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       work_.wait(lock, [this] { return job_ != nullptr; });
@@ -584,7 +588,8 @@ Status GlooAllreduce::ExecuteBeside(std::vector<TensorTableEntry>& entries,
 GLOO_BESIDE = [
     (GLOO_OPS_H, "#include <stdint.h>\n#include <vector>\n",
      "#include <stdint.h>\n#include <vector>\n#include <algorithm>\n#include <condition_variable>\n#include <cstdlib>\n"
-     "#include <cstring>\n#include <functional>\n#include <memory>\n#include <mutex>\n#include <thread>\n", 1),
+     "#include <cstring>\n#include <functional>\n#include <memory>\n#include <mutex>\n#include <thread>\n"
+     "#include <pthread.h>\n", 1),
     (GLOO_OPS_H, """  virtual void Allreduce(void* buffer_data, int num_elements,
                          ReduceOp reduce_op) = 0;
 """, """  virtual void Allreduce(void* buffer_data, int num_elements,

@@ -124,3 +124,30 @@ def test_wakeups_count_each_sleep_of_a_thread_by_role():
     assert set(meter.wakeups) == set(threads.ROLES) - {"ended"}
     assert threading.main_thread().native_id in threads.thread_wakeups()
     assert threads.thread_wakeups("0-no-such-process") == {}
+
+
+def test_a_thread_named_by_horovods_fix_11_is_horovods_whenever_it_was_born():
+    """hvdtrain's Horovod starts the thread for a large allreduce at the first one, long after hvd.init() (fix 11),
+    and names it "hvd beside": its CPU is Horovod's, not the framework's."""
+    import ctypes
+    setname = ctypes.CDLL(None).pthread_setname_np
+    self_id = ctypes.CDLL(None).pthread_self
+    self_id.restype = ctypes.c_ulong
+    setname.argtypes = [ctypes.c_ulong, ctypes.c_char_p]
+    meter = threads.ThreadCpu()
+    meter.start()
+
+    def beside():
+        setname(self_id(), b"hvd beside")
+        _burn(0.3)
+        done.wait()
+
+    done = threading.Event()
+    worker = threading.Thread(target=beside)
+    worker.start()
+    time.sleep(0.5)
+    assert threads.thread_names()[worker.native_id] == "hvd beside"
+    seconds = meter.stop()
+    done.set()
+    worker.join()
+    assert seconds["horovod"] >= 0.25 and seconds["python"] < 0.1, seconds
