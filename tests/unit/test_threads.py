@@ -140,12 +140,13 @@ def test_a_thread_named_by_horovods_fix_11_is_horovods_whenever_it_was_born():
     def beside():
         setname(self_id(), b"hvd beside")
         _burn(0.3)
+        burnt.set()
         done.wait()
 
-    done = threading.Event()
+    burnt, done = threading.Event(), threading.Event()
     worker = threading.Thread(target=beside)
     worker.start()
-    time.sleep(0.5)
+    assert burnt.wait(60)
     assert threads.thread_names()[worker.native_id] == "hvd beside"
     seconds = meter.stop()
     done.set()
