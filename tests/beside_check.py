@@ -1,7 +1,7 @@
 """Allreduces beside a large one (scripts/patch_horovod.py fix 11), their results and their order
 (tests/e2e/test_gloo_beside.py).
 
-    horovodrun --gloo -np 2 python tests/beside_check.py ROUNDS [--only-rank0] [--leave-one-in-flight]
+    horovodrun --gloo -np 2 python tests/beside_check.py ROUNDS [--only-rank0] [--leave-one-in-flight] [--peer-exits]
 
 Each round submits a large allreduce (8 M float32, 32 MB: at or above HOROVOD_GLOO_ASYNC_BYTES, so it runs beside
 Horovod's background thread), three small ones (one summed, two averaged), waits for the small ones, then submits a
@@ -14,6 +14,7 @@ a small one queued after the large one never completes first.
 
 --only-rank0: HOROVOD_GLOO_ASYNC_BYTES is set on rank 0 alone (the ranks must agree to run nothing beside).
 --leave-one-in-flight: after the rounds, a last large allreduce is submitted and hvd.shutdown() called at once.
+--peer-exits: after the rounds, a 256 MB allreduce, and rank 1 exits 0.3 s into it: rank 0 prints how it failed.
 
 Prints one line per rank: "rank R: N rounds right, K small completed beside"; exit status 1 when any value is wrong.
 """
@@ -70,6 +71,20 @@ def main() -> int:
                              f"{float(got[bad[0]])} for {float(expected[bad[0]])}")
     if "--leave-one-in-flight" in flags:
         hvd.allreduce_async(index.clone(), name="left.in.flight", op=hvd.Sum)
+    if "--peer-exits" in flags:
+        handle = hvd.allreduce_async(torch.ones(64 << 20), name="peer.exits", op=hvd.Sum)  # 256 MB
+        if rank == 1:
+            time.sleep(0.3)
+            os._exit(0)  # gone in the middle of it (status 0: the launcher waits for rank 0)
+        start = time.monotonic()
+        try:
+            hvd.synchronize(handle)
+            print("rank 0: the large allreduce completed without its peer", flush=True)
+            return 1
+        except Exception as e:  # noqa: BLE001 - what the rank would raise
+            print(f"rank 0: the large allreduce failed after {time.monotonic() - start:.1f} s: "
+                  f"{type(e).__name__}: {e}", flush=True)
+            return 0
     print(f"rank {rank}: " + ("; ".join(wrong[:5]) if wrong else f"{rounds} rounds right") +
           f", {beside} small completed beside", flush=True)
     hvd.shutdown()

@@ -3,8 +3,8 @@ while it is on the wire (scripts/patch_horovod.py fix 11; tests/beside_check.py 
 
 Every value is compared exactly, and training with it is training without it, to the bit; the ranks must agree to
 run nothing beside when the variable is set on one of them; a large allreduce left in flight at hvd.shutdown() ends
-the job cleanly. Without the fix, or with the variable 0, a
-small allreduce queued after a large one never completes first, which is what the first test's count tells apart."""
+the job cleanly, and one whose peer is gone fails at once. Without the fix, or with the variable 0, a small allreduce
+queued after a large one never completes first, which is what the first test's count tells apart."""
 import json
 import os
 import re
@@ -42,6 +42,18 @@ def test_ranks_that_disagree_run_nothing_beside_and_a_large_one_in_flight_at_shu
                  HOROVOD_IDLE_WAIT=2)
     assert all(n >= 1 for n in _beside(result)), describe(result)
 
+
+def test_a_peer_gone_in_the_middle_of_a_large_allreduce_fails_it_with_the_peers_error():
+    # Gloo's timeout is 60 s here: the failure must come from the closed connection, not from waiting it out. The
+    # rank sees the transport's error, or Horovod's shutdown when its background thread saw the closed connection
+    # first (the error hvdtrain's failure report then replaces by the failed rank's own, as before fix 11).
+    result = run(horovodrun(2, PY, CHECK, "1", "--peer-exits"), timeout=240, HOROVOD_GLOO_ASYNC_BYTES=1 << 20,
+                 HOROVOD_IDLE_WAIT=2, HOROVOD_GLOO_TIMEOUT_SECONDS=60)
+    failed = re.search(r"rank 0: the large allreduce failed after (\d+\.\d) s: HorovodInternalError: (.*)",
+                       result.output)
+    assert failed, describe(result)
+    assert float(failed[1]) < 50 and re.search("Connection closed by peer|Horovod has been shut down", failed[2]), \
+        describe(result)
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
 def test_training_with_the_large_group_beside_equals_training_one_collective_at_a_time(framework, digits, tmp_path):
