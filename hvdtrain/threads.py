@@ -8,9 +8,10 @@ they were born and where they wait: the threads a collective library's start-up 
 kernel's epoll/poll between messages (``/proc/self/task/TID/wchan``, sampled a few times: a running thread shows
 none); of the others, the first born is Horovod's background thread (``hvd.init()`` starts it, and it builds the
 transport). A thread that names itself is known by its name (:data:`NAMED`: hvdtrain's Horovod's thread for a large
-allreduce, started later). Checked with gdb on a 2-rank job: the background thread in ``BackgroundThreadLoop``, the two pollers in
-``gloo::transport::tcp::Loop::run``. Python threads carry their own names. Every other thread is the framework's (its
-intra-op and engine pools). Nothing here imports a framework; reading the table costs a few system calls per thread.
+allreduce, started later). Checked with gdb on a 2-rank job: the background thread in ``BackgroundThreadLoop``, the
+two pollers in ``gloo::transport::tcp::Loop::run``. Python threads carry their own names. Every other thread is the
+framework's (its intra-op and engine pools). Nothing here imports a framework; reading the table costs a few system
+calls per thread.
 
 A thread's wake-ups are its voluntary context switches (``/proc/self/task/TID/status``): each time it slept (in
 epoll, on a lock, on a condition) and was woken. A transport thread's CPU is mostly paid per wake-up, so the two

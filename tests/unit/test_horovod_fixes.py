@@ -12,7 +12,8 @@ EVERY = frozenset(range(1, 12))
 def test_the_projects_build_names_every_fix_through_its_library():
     import horovod.torch  # horovod.mxnet's library is the same build, with the same marker
     assert horovod_fixes.library_fixes(horovod.torch) == EVERY
-    assert horovod_fixes.describe(EVERY) == "hvdtrain's fixes 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (scripts/patch_horovod.py)"
+    assert horovod_fixes.describe(EVERY) == \
+        "hvdtrain's fixes 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (scripts/patch_horovod.py)"
 
 
 def test_a_stock_build_is_described_fix_by_fix():
@@ -42,7 +43,8 @@ def test_the_warning_names_what_matters_to_this_run_once_on_rank_0(stock, capsys
     horovod_fixes.check(TrainConfig(), None, "torch", gloo=True, rank=1)
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err
-    assert err[0].startswith("hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 3, 5, 6, 7, 9, 11 (every rank ")
+    assert err[0].startswith(
+        "hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 3, 5, 6, 7, 9, 11 (every rank ")
     assert err[1].startswith("hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 2, 3, 6, 10 (MXNet: ")
     assert err[0].endswith("python -m hvdtrain doctor lists them; to get them: " + horovod_fixes.REMEDY)
 
