@@ -51,6 +51,8 @@ FIXES = (
     Fix(10, "the timeline writer spins for the whole job once --timeline-steps arms it", "timeline"),
     Fix(11, "Gloo: a small allreduce waits for a large one on the wire to end (HOROVOD_GLOO_ASYNC_BYTES has no "
             "effect), which holds the next step back by its negotiation and transfer", "gloo"),
+    Fix(12, "Gloo: every negotiation round passes its bit vector around the ring (2 (ranks - 1) hops in a row), "
+            "which a loaded or CPU-limited host makes a wake-up each", "gloo"),
 )
 """Fixes 1 and 4 only let the sdist compile (C++17; a CPU build beside a CUDA wheel of torch): every Horovod that
 imports has what they give."""

@@ -90,8 +90,8 @@
    negotiation and its own transfer (measured: 8-9 ms of a 317 ms step at 2 hosts, where c10d's process group, a
    pool of threads with a tag per collective, reduces DDP's second bucket beside its first). With
    HOROVOD_GLOO_ASYNC_BYTES=N an allreduce of at least N bytes on the global process set (CPU tensors, Gloo) runs
-   on a thread of its own ("hvd beside"), under a Gloo tag of its own on the same context (Gloo matches messages by slot, and its
-   allreduce documents the tag as what tells parallel operations apart), and the background thread goes on
+   on a thread of its own ("hvd beside"), under a Gloo tag of its own on the same context (Gloo matches messages by
+   slot, and its allreduce documents the tag as what tells parallel operations apart), and the background thread goes on
    negotiating and running what is queued behind it. One such allreduce is in flight at a time: the next waits for
    it. The ranks cannot deadlock on it: every rank performs the same responses in the same order, so by the time any
    rank's background thread completes a collective after the large one, every rank has started the large one, and
@@ -100,11 +100,25 @@
    an allreduce of the first allreduce each rank runs on the global set), so a variable set on some hosts only
    cannot split them; the shutdown waits for the one in flight.
 
+12. A negotiation round that takes a wake-up per rank in a row: every round of Horovod's negotiation combines the
+   ranks' bit vectors (the response cache's hits, and its invalid entries when there are any) with Gloo's allreduce,
+   a ring that passes a vector of a few bytes from rank to rank, 2 (ranks - 1) hops in a row, each waiting for the
+   next rank's background thread to run. On a host whose cores are busy or rationed, each hop waits for that
+   thread's turn (measured: 4 hosts of half a core, the first gradient group ready 8 ms into the backward pass was
+   agreed 20 ms after the last rank queued it, two rounds of about 10 ms, and its transfer started as the backward
+   pass ended, where DDP's starts at once). The vectors are now combined in one exchange: every rank sends its vector
+   to every other (under a Gloo tag of its own) and combines what it receives, so a round waits for the slowest
+   rank once. AND and OR are exact in any order, so every rank decides what the ring decided. Up to 16 ranks in a
+   process set (each sends 15 vectors of a few bytes a round); beyond that, the ring as before. The ranks agree on it
+   when the controller starts (an allreduce): HOROVOD_GLOO_RING_NEGOTIATION=1 on any rank gives all of them the ring,
+   so a variable set on some hosts only cannot split them. Every rank of a job must have the fix (as with every
+   build difference: a rank without it does not take part in that allreduce).
+
 Each fix checks that its text is found exactly where expected and fails loudly otherwise; a tree already patched is
 left as it is (running twice is harmless). Exit status 0 when the tree is patched, 1 with the reason otherwise.
 
-A library built with any of fixes 2, 3 and 5-11 says which: the patch adds ``horovod_hvdtrain_fixes()`` to the
-library's C interface (beside ``horovod_gloo_built()``), returning their numbers ("1,2,...,11"), which
+A library built with any of fixes 2, 3 and 5-12 says which: the patch adds ``horovod_hvdtrain_fixes()`` to the
+library's C interface (beside ``horovod_gloo_built()``), returning their numbers ("1,2,...,12"), which
 hvdtrain.horovod_fixes reads through ctypes. A build with only what it needs to compile (fixes 1 and 4, ``--fixes
 1,4``: a stock Horovod for the tests) has no such function, as a stock or other build has none.
 
@@ -336,6 +350,114 @@ GLOO_RANKS = [
      "  global_ranks_.resize(size_);  // hvdtrain (fix 7): reserve() left it empty for the stall inspector\n", 1),
 ]
 
+
+EXCHANGE_CODE = """// hvdtrain (fix 12): the negotiation's bit vectors combined in one exchange instead of Gloo's ring.
+namespace {
+
+// The Gloo tag of the exchange (the allreduce prefix): Horovod's collectives leave the tag at 0, fix 11 uses its own.
+constexpr uint32_t kExchangeTag = 0x68766475;
+// Up to this many ranks in a process set (each sends size - 1 vectors a round); beyond, Gloo's ring.
+constexpr int kExchangeMaxRanks = 16;
+
+// Every rank sends its vector to every other and combines what it receives with ``op``: one round of messages,
+// where Gloo's ring passes the vector from rank to rank (2 (size - 1) hops in a row, each a wake-up of the next rank's
+// background thread). The result is the same on every rank, as the ring's: AND and OR are exact in any order.
+template <typename Op>
+void ExchangeBits(const std::shared_ptr<gloo::Context>& ctx, std::vector<long long>& bits, int count, Op op) {
+  const int size = ctx->size, rank = ctx->rank;
+  if (size == 1 || count == 0) {
+    return;
+  }
+  const size_t bytes = (size_t)count * sizeof(long long);
+  std::vector<long long> peers((size_t)count * size);
+  auto out = ctx->createUnboundBuffer(bits.data(), bytes);
+  auto in = ctx->createUnboundBuffer(peers.data(), bytes * size);
+  const auto slot = gloo::Slot::build(gloo::kAllreduceSlotPrefix, kExchangeTag);
+  for (int i = 1; i < size; i++) {
+    const int from = (rank + size - i) % size;
+    in->recv(from, slot, (size_t)from * bytes, bytes);
+  }
+  for (int i = 1; i < size; i++) {
+    out->send((rank + i) % size, slot, 0, bytes);
+  }
+  for (int i = 1; i < size; i++) {
+    in->waitRecv(ctx->getTimeout());
+  }
+  for (int i = 1; i < size; i++) {
+    out->waitSend(ctx->getTimeout());
+  }
+  for (int r = 0; r < size; r++) {
+    if (r != rank) {
+      for (int k = 0; k < count; k++) {
+        bits[k] = op(bits[k], peers[(size_t)r * count + k]);
+      }
+    }
+  }
+}
+
+} // namespace
+
+"""
+AGREE_EXCHANGE = """  for (int r = 0; r < size_; ++r) {
+    global_rank_to_controller_rank_[global_ranks_[r]] = r;
+  }
+
+  // hvdtrain (fix 12): whether the negotiation's bit vectors go in one exchange, agreed by the ranks: one that sets
+  // HOROVOD_GLOO_RING_NEGOTIATION=1 gives every rank Gloo's ring (Horovod's own), so a variable set on some hosts
+  // only cannot split them.
+  {
+    const char* ring = std::getenv("HOROVOD_GLOO_RING_NEGOTIATION");
+    long long off = (ring != nullptr && std::atoi(ring) > 0) ? 1 : 0;
+    gloo::AllreduceOptions opts(gloo_context_.ctx);
+    opts.setOutput(&off, 1);
+    void (*func)(void*, const void*, const void*, size_t) = &BitOr<long long>;
+    opts.setReduceFunction(gloo::AllreduceOptions::Func(func));
+    gloo::allreduce(opts);
+    exchange_bits_ = off == 0 && size_ <= kExchangeMaxRanks;
+  }
+"""
+GLOO_CONTROLLER_H = os.path.join("horovod", "common", "gloo", "gloo_controller.h")
+# (file, old, new, count) for fix 12.
+GLOO_EXCHANGE = [
+    (GLOO_CONTROLLER, "#include <cstring>\n",
+     "#include <cstdlib>\n#include <cstring>\n#include <memory>\n#include <vector>\n", 1),
+    (GLOO_CONTROLLER, "void GlooController::DoInitialization() {\n",
+     EXCHANGE_CODE + "void GlooController::DoInitialization() {\n", 1),
+    (GLOO_CONTROLLER, """  for (int r = 0; r < size_; ++r) {
+    global_rank_to_controller_rank_[global_ranks_[r]] = r;
+  }
+""", AGREE_EXCHANGE, 1),
+    (GLOO_CONTROLLER_H, """  void DoInitialization() override;
+
+  GlooContext& gloo_context_;
+""", """  void DoInitialization() override;
+
+  GlooContext& gloo_context_;
+  bool exchange_bits_ = false;  // hvdtrain (fix 12): the bit vectors in one exchange (agreed at initialization)
+""", 1),
+    (GLOO_CONTROLLER, """  gloo::AllreduceOptions opts(gloo_context_.ctx);
+  opts.setOutput(bitvector.data(), count);
+  void (*func)(void*, const void*, const void*, size_t) = &BitAnd<long long>;
+""", """  if (exchange_bits_) {  // hvdtrain (fix 12): one exchange, not Gloo's ring
+    ExchangeBits(gloo_context_.ctx, bitvector, count, [](long long a, long long b) { return a & b; });
+    return;
+  }
+  gloo::AllreduceOptions opts(gloo_context_.ctx);
+  opts.setOutput(bitvector.data(), count);
+  void (*func)(void*, const void*, const void*, size_t) = &BitAnd<long long>;
+""", 1),
+    (GLOO_CONTROLLER, """  gloo::AllreduceOptions opts(gloo_context_.ctx);
+  opts.setOutput(bitvector.data(), count);
+  void (*func)(void*, const void*, const void*, size_t) = &BitOr<long long>;
+""", """  if (exchange_bits_) {  // hvdtrain (fix 12): one exchange, not Gloo's ring
+    ExchangeBits(gloo_context_.ctx, bitvector, count, [](long long a, long long b) { return a | b; });
+    return;
+  }
+  gloo::AllreduceOptions opts(gloo_context_.ctx);
+  opts.setOutput(bitvector.data(), count);
+  void (*func)(void*, const void*, const void*, size_t) = &BitOr<long long>;
+""", 1),
+]
 
 REDUCE_SCATTER = os.path.join("third_party", "gloo", "gloo", "reduce_scatter.h")
 DISTRIBUTION = '''    index = 0;
@@ -704,6 +826,7 @@ FIXES = {  # number -> its (file, old, new, count) replacements
     9: GLOO_READ_LOW_WATER,
     10: TIMELINE_IDLE,
     11: GLOO_BESIDE,
+    12: GLOO_EXCHANGE,
 }
 BUILD_ONLY = (1, 4)
 """Fixes that only let the sdist compile here (no behaviour of the library changes): a build with only these is a

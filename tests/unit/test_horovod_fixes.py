@@ -6,20 +6,20 @@ import pytest
 from hvdtrain import horovod_fixes
 from hvdtrain.config import ConfigError, TrainConfig
 
-EVERY = frozenset(range(1, 12))
+EVERY = frozenset(range(1, 13))
 
 
 def test_the_projects_build_names_every_fix_through_its_library():
     import horovod.torch  # horovod.mxnet's library is the same build, with the same marker
     assert horovod_fixes.library_fixes(horovod.torch) == EVERY
     assert horovod_fixes.describe(EVERY) == \
-        "hvdtrain's fixes 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 (scripts/patch_horovod.py)"
+        "hvdtrain's fixes 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 (scripts/patch_horovod.py)"
 
 
 def test_a_stock_build_is_described_fix_by_fix():
     text = horovod_fixes.describe(frozenset())
     assert text.startswith("no hvdtrain fixes: a stock or other build; missing: fix 2: MXNet: ")
-    assert [f"fix {n}:" in text for n in (2, 3, 5, 6, 7, 8, 9, 10, 11)] == [True] * 9 and "fix 1:" not in text
+    assert [f"fix {n}:" in text for n in (2, 3, 5, 6, 7, 8, 9, 10, 11, 12)] == [True] * 10 and "fix 1:" not in text
     assert horovod_fixes.describe(frozenset({1, 4, 8})).startswith("hvdtrain's fixes 1, 4, 8 only; missing: fix 2:")
 
 
@@ -44,7 +44,7 @@ def test_the_warning_names_what_matters_to_this_run_once_on_rank_0(stock, capsys
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err
     assert err[0].startswith(
-        "hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 3, 5, 6, 7, 9, 11 (every rank ")
+        "hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 3, 5, 6, 7, 9, 11, 12 (every rank ")
     assert err[1].startswith("hvdtrain: warning: this Horovod lacks hvdtrain's fix(es) 2, 3, 6, 10 (MXNet: ")
     assert err[0].endswith("python -m hvdtrain doctor lists them; to get them: " + horovod_fixes.REMEDY)
 

@@ -27,7 +27,7 @@ def fake_sdist(root):
     texts = {patch_horovod.OPERATIONS: [sites]}
     for name, old, _new, _count in patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS \
             + patch_horovod.GLOO_RANKS + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER \
-            + patch_horovod.TIMELINE_IDLE + patch_horovod.GLOO_BESIDE:
+            + patch_horovod.TIMELINE_IDLE + patch_horovod.GLOO_BESIDE + patch_horovod.GLOO_EXCHANGE:
         texts.setdefault(name, []).append(old)
     texts[patch_horovod.FIND_PYTORCH] = ["find_package_handle_standard_args(Pytorch)", patch_horovod.CUDA_TEST,
                                          "if (Pytorch_CUDA OR Pytorch_ROCM)"]
@@ -73,13 +73,19 @@ def test_patches_apply_once_and_a_second_run_changes_nothing(tmp_path):
     assert "opts.setTag(tag);" in beside and beside.index("int64_t GlooAllreduce::BesideBytes(") < \
         beside.index("return ExecuteBeside(entries, glooOp,"), "a large allreduce runs beside, under its own tag"
     assert "  GlooAllreduceDrain();\n" in ops, "the shutdown waits for the allreduce beside"
+    gloo = (src / patch_horovod.GLOO_CONTROLLER).read_text()
+    assert gloo.count("ExchangeBits(gloo_context_.ctx, bitvector, count") == 2 and gloo.index("void ExchangeBits(") \
+        < gloo.index("exchange_bits_ = off == 0") < gloo.index("if (exchange_bits_) {"), \
+        "the negotiation's bit vectors are combined in one exchange, as the ranks agreed at initialization"
+    assert "bool exchange_bits_ = false;" in (src / patch_horovod.GLOO_CONTROLLER_H).read_text()
     later = patch_horovod.IDLE_WAIT + patch_horovod.BLOCKING_WAIT + patch_horovod.BUILT_FLAGS + patch_horovod.GLOO_RANKS \
         + patch_horovod.GLOO_REDUCE_SCATTER + patch_horovod.GLOO_READ_LOW_WATER + patch_horovod.TIMELINE_IDLE \
-        + patch_horovod.GLOO_BESIDE
+        + patch_horovod.GLOO_BESIDE + patch_horovod.GLOO_EXCHANGE
     patched = {name: (src / name).read_text() for name in {n for n, *_ in later}}
     again = subprocess.run([sys.executable, SCRIPT, str(src)], capture_output=True, text=True, timeout=60)
     fixes = 5 + len(later) + len(patch_horovod.CUDA_LANGUAGE)  # the 4 below: C++17 (2 files), trace, find_pytorch
-    assert 'const char* horovod_hvdtrain_fixes() { return "1,2,3,4,5,6,7,8,9,10,11"; }' in ops, "the library names its fixes"
+    assert 'const char* horovod_hvdtrain_fixes() { return "1,2,3,4,5,6,7,8,9,10,11,12"; }' in ops, \
+        "the library names its fixes"
     top = (src / patch_horovod.CXX_FILES[0]).read_text()
     assert top.index(f"if({patch_horovod.GPU_ASKED})") < top.index("include(CheckLanguage)") < \
         top.index("endif()  # hvdtrain (fix 4)"), "no CUDA compiler is looked for unless GPU operations were asked for"
@@ -109,5 +115,5 @@ def test_a_build_only_tree_gets_what_it_needs_to_compile_and_no_marker(tmp_path)
     assert "horovod_hvdtrain_fixes" not in ops and '"Enqueued "' in ops, "fix 2 and the marker left out"
     patch_horovod.patch(str(src), [1, 4, 8])
     assert 'horovod_hvdtrain_fixes() { return "1,4,8"; }' in (src / patch_horovod.OPERATIONS).read_text()
-    with pytest.raises(patch_horovod.PatchError, match="give fix numbers from 1 to 11"):
-        patch_horovod.parse_fixes("1,12")
+    with pytest.raises(patch_horovod.PatchError, match="give fix numbers from 1 to 12"):
+        patch_horovod.parse_fixes("1,13")
