@@ -171,6 +171,7 @@ ARM_GROUPS = {
     "torch-buckets": (f"{TORCH_ARM} buckets",),
     "torch-1group-overlap": (f"{TORCH_ARM} one group overlap forward",),
     "torch-serial": (f"{TORCH_ARM} one at a time",),
+    "torch-ring": (f"{TORCH_ARM} ring negotiation",),
     "ddp": ("ddp", f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb"),
     "ddp-timed": (DDP_TIMED_ARM,),
     "horovod-torch": ("horovod torch",),
@@ -182,8 +183,9 @@ before its hosts showed their quota, and hvdtrain's blocking wait; and with Gloo
 every gradient in one group, sent after the backward pass, ``--allreduce-groups 1``, and that with
 --overlap-forward; and in DDP's buckets wherever it runs, ``--allreduce-groups buckets``, which auto replaces by one
 group under a quota of less than a core per rank; and with Horovod running one collective at a time,
-``HOROVOD_GLOO_ASYNC_BYTES=0``, where hvdtrain runs a large allreduce beside the others),
-PyTorch DDP under
+``HOROVOD_GLOO_ASYNC_BYTES=0``, where hvdtrain runs a large allreduce beside the others; and with Horovod's
+negotiation rounds in Gloo's ring, ``HOROVOD_GLOO_RING_NEGOTIATION=1``, where hvdtrain's Horovod combines them in one
+exchange), PyTorch DDP under
 torchrun (its default bucket and a tuned one; ``ddp-timed``: its default with the comm hook that times its buckets
 under ``--timeline-steps`` in every run, so that the hook's own cost is measured against DDP's C++ default), and
 Horovod's own PyTorch example loop with stock settings. The
@@ -236,6 +238,8 @@ def _arm(name: str, cluster: Cluster, n: int, steps: int, warmup: int, batch_siz
                                                              framework="torch"),
         f"{TORCH_ARM} one at a time": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
                                                  env={"HOROVOD_GLOO_ASYNC_BYTES": "0"}),
+        f"{TORCH_ARM} ring negotiation": lambda: hv(cluster, n, batch_size, recipe_args, timeout, framework="torch",
+                                                    env={"HOROVOD_GLOO_RING_NEGOTIATION": "1"}),
         "ddp": ddp,
         f"ddp bucket {DDP_TUNED_BUCKET_MB:g}mb": lambda: ddp(bucket_cap_mb=DDP_TUNED_BUCKET_MB),
         DDP_TIMED_ARM: lambda: ddp(bucket_times=True),

@@ -275,7 +275,8 @@ def add_parser(sub) -> None:
                         "in one group after the backward pass), torch-1group-overlap (that with --overlap-forward), "
                         "torch-buckets (hvdtrain on PyTorch in DDP's buckets, under a quota too), "
                         "torch-serial (hvdtrain on PyTorch with Horovod running one collective at a time, "
-                        "HOROVOD_GLOO_ASYNC_BYTES=0), "
+                        "HOROVOD_GLOO_ASYNC_BYTES=0), torch-ring (the same with Horovod's negotiation rounds in "
+                        "Gloo's ring, HOROVOD_GLOO_RING_NEGOTIATION=1, where hvdtrain's Horovod uses one exchange), "
                         "ddp (PyTorch DDP under torchrun: default and 1 MB buckets), ddp-timed (DDP's default with "
                         "the comm hook that times its buckets, in every run: the hook's cost), "
                         "horovod-torch (Horovod's PyTorch example, stock settings)")
