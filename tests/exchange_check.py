@@ -38,19 +38,17 @@ def round_on(process_set, members, rank: int, i: int) -> None:
     order = list(range(len(sizes)))
     order = order[rank % len(order):] + order[:rank % len(order)]  # every rank its own order
     tag = "g" if process_set is None else "s"
+    where = {} if process_set is None else {"process_set": process_set}
     handles = {}
     for k in order:
         if rank == i % len(members) and k == order[len(order) // 2]:
             time.sleep(0.02)  # a rank late with part of its tensors: rounds where only some ranks have them
-        handles[k] = hvd.allreduce_async(mine(rank, sizes[k], i), name=f"{tag}.{names[k]}", op=hvd.Sum,
-                                         **({} if process_set is None else {"process_set": process_set}))
+        handles[k] = hvd.allreduce_async(mine(rank, sizes[k], i), name=f"{tag}.{names[k]}", op=hvd.Sum, **where)
     shape_changes = 4 + i % 3  # the cached response is invalid at each change
-    handles["shape"] = hvd.allreduce_async(mine(rank, shape_changes, i), name=f"{tag}.changing", op=hvd.Sum,
-                                           **({} if process_set is None else {"process_set": process_set}))
-    handles["new"] = hvd.allreduce_async(mine(rank, 7, i), name=f"{tag}.new{i}", op=hvd.Sum,
-                                         **({} if process_set is None else {"process_set": process_set}))
+    handles["shape"] = hvd.allreduce_async(mine(rank, shape_changes, i), name=f"{tag}.changing", op=hvd.Sum, **where)
+    handles["new"] = hvd.allreduce_async(mine(rank, 7, i), name=f"{tag}.new{i}", op=hvd.Sum, **where)
     for key, handle in handles.items():
-        n = {"shape": shape_changes, "new": 7}.get(key, sizes[key] if isinstance(key, int) else 0)
+        n = {"shape": shape_changes, "new": 7}[key] if isinstance(key, str) else sizes[key]
         got = hvd.synchronize(handle)
         want = expected(members, n, i)
         if not torch.equal(got, want):
