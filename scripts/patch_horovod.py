@@ -106,8 +106,8 @@
    next rank's background thread to run. On a host whose cores are busy or rationed, each hop waits for that
    thread's turn (measured: 4 hosts of half a core, the first gradient group, queued 8 ms into the backward pass,
    went on the wire a median 18 ms after the last rank queued it, 12.8 ms with this fix; DDP's leaves at once). The
-   vectors are now combined in one exchange: every rank sends its vector to every other (under a Gloo tag of its
-   own) and combines what it receives, so a round waits for the slowest rank once. AND and OR are exact in any order,
+   vectors are now combined in one exchange: every rank sends its vector to every other (Gloo's alltoall, under a
+   tag of its own) and combines what it receives, so a round waits for the slowest rank once. AND and OR are exact in any order,
    so every rank decides what the ring decided. Up to 16 ranks in a process set (each sends 15 vectors of a few bytes
    a round); beyond that, the ring as before. The ranks agree on it when the controller starts (an allreduce):
    HOROVOD_GLOO_RING_NEGOTIATION=1 on any rank gives all of them the ring, so a variable set on some hosts only
@@ -354,43 +354,33 @@ GLOO_RANKS = [
 EXCHANGE_CODE = """// hvdtrain (fix 12): the negotiation's bit vectors combined in one exchange instead of Gloo's ring.
 namespace {
 
-// The Gloo tag of the exchange (the allreduce prefix): Horovod's collectives leave the tag at 0, fix 11 uses its own.
+// The Gloo tag of the exchange: Horovod's collectives leave the tag at 0 (fix 11's allreduce has a prefix of its own).
 constexpr uint32_t kExchangeTag = 0x68766475;
 // Up to this many ranks in a process set (each sends size - 1 vectors a round); beyond, Gloo's ring.
 constexpr int kExchangeMaxRanks = 16;
 
-// Every rank sends its vector to every other and combines what it receives with ``op``: one round of messages,
-// where Gloo's ring passes the vector from rank to rank (2 (size - 1) hops in a row, each a wake-up of the next rank's
-// background thread). The result is the same on every rank, as the ring's: AND and OR are exact in any order.
+// Every rank sends its vector to every other (Gloo's alltoall of the vector repeated once per rank) and combines
+// what it receives with ``op``: one round of messages, where Gloo's ring passes the vector from rank to rank
+// (2 (size - 1) hops in a row, each a wake-up of the next rank's background thread). The result is the same on every
+// rank, as the ring's: AND and OR are exact in any order.
 template <typename Op>
 void ExchangeBits(const std::shared_ptr<gloo::Context>& ctx, std::vector<long long>& bits, int count, Op op) {
-  const int size = ctx->size, rank = ctx->rank;
+  const int size = ctx->size;
   if (size == 1 || count == 0) {
     return;
   }
-  const size_t bytes = (size_t)count * sizeof(long long);
-  std::vector<long long> peers((size_t)count * size);
-  auto out = ctx->createUnboundBuffer(bits.data(), bytes);
-  auto in = ctx->createUnboundBuffer(peers.data(), bytes * size);
-  const auto slot = gloo::Slot::build(gloo::kAllreduceSlotPrefix, kExchangeTag);
-  for (int i = 1; i < size; i++) {
-    const int from = (rank + size - i) % size;
-    in->recv(from, slot, (size_t)from * bytes, bytes);
-  }
-  for (int i = 1; i < size; i++) {
-    out->send((rank + i) % size, slot, 0, bytes);
-  }
-  for (int i = 1; i < size; i++) {
-    in->waitRecv(ctx->getTimeout());
-  }
-  for (int i = 1; i < size; i++) {
-    out->waitSend(ctx->getTimeout());
-  }
+  std::vector<long long> mine((size_t)count * size), peers((size_t)count * size);
   for (int r = 0; r < size; r++) {
-    if (r != rank) {
-      for (int k = 0; k < count; k++) {
-        bits[k] = op(bits[k], peers[(size_t)r * count + k]);
-      }
+    std::copy(bits.begin(), bits.begin() + count, mine.begin() + (size_t)r * count);
+  }
+  gloo::AlltoallOptions opts(ctx);
+  opts.setInput(mine.data(), mine.size());
+  opts.setOutput(peers.data(), peers.size());
+  opts.setTag(kExchangeTag);
+  gloo::alltoall(opts);
+  for (int r = 0; r < size; r++) {
+    for (int k = 0; k < count; k++) {
+      bits[k] = op(bits[k], peers[(size_t)r * count + k]);
     }
   }
 }
@@ -420,7 +410,7 @@ GLOO_CONTROLLER_H = os.path.join("horovod", "common", "gloo", "gloo_controller.h
 # (file, old, new, count) for fix 12.
 GLOO_EXCHANGE = [
     (GLOO_CONTROLLER, "#include <cstring>\n",
-     "#include <cstdlib>\n#include <cstring>\n#include <memory>\n#include <vector>\n", 1),
+     "#include <algorithm>\n#include <cstdlib>\n#include <cstring>\n#include <memory>\n#include <vector>\n", 1),
     (GLOO_CONTROLLER, "void GlooController::DoInitialization() {\n",
      EXCHANGE_CODE + "void GlooController::DoInitialization() {\n", 1),
     (GLOO_CONTROLLER, """  for (int r = 0; r < size_; ++r) {
