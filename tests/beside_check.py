@@ -13,7 +13,8 @@ ones are reduced beside it; without (or with the variable 0) the background thre
 a small one queued after the large one never completes first.
 
 --only-rank0: HOROVOD_GLOO_ASYNC_BYTES is set on rank 0 alone (the ranks must agree to run nothing beside).
---leave-one-in-flight: after the rounds, a last large allreduce is submitted and hvd.shutdown() called at once.
+--leave-one-in-flight: after the rounds, a last large allreduce is submitted and hvd.shutdown() called as soon as
+every rank has submitted it (a file each in the directory BESIDE_CHECK_DIR names).
 --peer-exits: after the rounds, a 256 MB allreduce, and rank 1 exits 0.3 s into it: rank 0 prints how it failed.
 
 Prints one line per rank: "rank R: N rounds right, K small completed beside"; exit status 1 when any value is wrong.
@@ -21,6 +22,19 @@ Prints one line per rank: "rank R: N rounds right, K small completed beside"; ex
 import os
 import sys
 import time
+
+
+def submitted_everywhere(rank: int, size: int) -> None:
+    """Wait until every rank has submitted its last allreduce (a file each in BESIDE_CHECK_DIR), outside Horovod:
+    a shutdown is not a barrier, and one that reached a rank still checking its last round would refuse that rank's
+    submission ("Horovod has been shut down") instead of leaving the allreduce in flight."""
+    where = os.environ["BESIDE_CHECK_DIR"]
+    open(os.path.join(where, f"submitted-{rank}"), "w").close()
+    deadline = time.monotonic() + 120
+    while sum(os.path.exists(os.path.join(where, f"submitted-{r}")) for r in range(size)) < size:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"rank {rank}: the other ranks never submitted their last allreduce")
+        time.sleep(0.002)
 
 
 def main() -> int:
@@ -71,6 +85,7 @@ def main() -> int:
                              f"{float(got[bad[0]])} for {float(expected[bad[0]])}")
     if "--leave-one-in-flight" in flags:
         hvd.allreduce_async(index.clone(), name="left.in.flight", op=hvd.Sum)
+        submitted_everywhere(rank, size)
     if "--peer-exits" in flags:
         handle = hvd.allreduce_async(torch.ones(64 << 20), name="peer.exits", op=hvd.Sum)  # 256 MB
         if rank == 1:

@@ -35,12 +35,14 @@ def test_small_allreduces_complete_beside_a_large_one_with_every_value_exact():
     assert off == [0, 0], off
 
 
-def test_ranks_that_disagree_run_nothing_beside_and_a_large_one_in_flight_at_shutdown_ends_cleanly():
+def test_ranks_that_disagree_run_nothing_beside_and_a_large_one_in_flight_at_shutdown_ends_cleanly(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     result = run(horovodrun(2, PY, CHECK, "3", "--only-rank0", "--leave-one-in-flight"), timeout=240,
-                 HOROVOD_GLOO_ASYNC_BYTES=1 << 20, HOROVOD_IDLE_WAIT=2)
+                 HOROVOD_GLOO_ASYNC_BYTES=1 << 20, HOROVOD_IDLE_WAIT=2, BESIDE_CHECK_DIR=str(tmp_path / "a"))
     assert _beside(result) == [0, 0], describe(result)
     result = run(horovodrun(2, PY, CHECK, "2", "--leave-one-in-flight"), timeout=240, HOROVOD_GLOO_ASYNC_BYTES=1 << 20,
-                 HOROVOD_IDLE_WAIT=2)
+                 HOROVOD_IDLE_WAIT=2, BESIDE_CHECK_DIR=str(tmp_path / "b"))
     assert all(n >= 1 for n in _beside(result)), describe(result)
 
 
