@@ -1,10 +1,19 @@
 """Launch the distributed suites (tests/dist) the way Horovod's CI does: 2 ranks, one framework per job; the sharded
 update and MXNet's float16 path at 3 ranks too."""
+import re
+
 import pytest
 
 from tests.helpers import PY, describe, have_mpirun, horovodrun, mpirun, run
 
 LAUNCHERS = {"horovodrun-gloo": lambda *cmd: horovodrun(2, *cmd), "mpirun": lambda *cmd: mpirun(2, *cmd)}
+
+
+def _ranks_that_passed(result) -> list:
+    """The ranks whose suite passed tests and failed none, by the line each writes at its end (tests/dist/conftest.py:
+    one write, so ranks' outputs interleaved by mpirun cannot cut it)."""
+    lines = re.findall(r"dist suite rank (\d+): (\d+) passed, (\d+) failed", result.output)
+    return sorted(int(rank) for rank, passed, failed in lines if int(passed) > 0 and int(failed) == 0)
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHERS))
@@ -22,8 +31,7 @@ def test_dist_suite(framework, launcher):
     spin = {"HOROVOD_SPIN_WAIT": "1"} if launcher == "mpirun" else {}
     result = run(cmd, timeout=240, **spin)
     assert result.returncode == 0, describe(result)
-    assert result.output.count(" passed") >= 2, "both ranks must report their tests passed\n" + describe(result)
-    assert " failed" not in result.output, describe(result)
+    assert _ranks_that_passed(result) == [0, 1], "both ranks must report their tests passed\n" + describe(result)
 
 
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
@@ -33,4 +41,4 @@ def test_sharded_and_float16_suites_at_three_ranks(framework):
     result = run(horovodrun(3, PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "--framework", framework),
                  timeout=300)
     assert result.returncode == 0, describe(result)
-    assert result.output.count(" passed") >= 3 and " failed" not in result.output, describe(result)
+    assert _ranks_that_passed(result) == [0, 1, 2], describe(result)
