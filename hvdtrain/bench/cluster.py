@@ -21,8 +21,23 @@ CLUSTER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 QUOTA_PERIOD_US = 10000
-"""The CPU quota's accounting period: 10 ms, not the kernel's 100 ms, so that a host that spent its share waits at most
-6 ms rather than 60, which would quantise steps of 100-300 ms into whole throttled periods."""
+"""The CPU quota's accounting period by default (``--quota-period-ms``): 10 ms, not the kernel's 100 ms, so that a
+host that spent its share waits at most 6 ms rather than 60, which would quantise steps of 100-300 ms into whole
+throttled periods."""
+
+MIN_QUOTA_US = 1000
+"""The kernel's shortest period and shortest quota (CFS bandwidth refuses less than 1 ms of either)."""
+
+
+def check_quota_period(cores: float, period_us: int) -> None:
+    """A ConfigError unless a quota of ``cores`` per ``period_us`` is one the kernel takes (period 1 ms to 1 s, the
+    quota in it at least 1 ms)."""
+    if not MIN_QUOTA_US <= period_us <= 1000000:
+        raise ConfigError(f"--quota-period-ms {period_us / 1000:g}: give 1 to 1000 ms")
+    if cores and cores * period_us < MIN_QUOTA_US:
+        raise ConfigError(f"--quota-period-ms {period_us / 1000:g} with --cpu-quota {cores:g}: the kernel wants at "
+                          f"least 1 ms of quota a period; give --quota-period-ms "
+                          f"{MIN_QUOTA_US / cores / 1000:g} or more")
 
 
 class _HostGroups:
@@ -65,9 +80,10 @@ class CpuQuota(_HostGroups):
     that runs on the host (its workers, its server, its sshd and what that starts), so that several hosts on one
     machine do not compete for its cores and the links, not the processors, limit a step."""
 
-    def __init__(self, name: str, hosts: int, cores: float):
+    def __init__(self, name: str, hosts: int, cores: float, period: int = QUOTA_PERIOD_US):
+        check_quota_period(cores, period)
         super().__init__(name, hosts, "cpu", "cpu.cfs_quota_us", "--cpu-quota")
-        period = QUOTA_PERIOD_US
+        self.period = period
         for path in self.dirs:
             if self.v2:
                 _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
@@ -172,9 +188,10 @@ QUEUE_MS = 50.0
 
 @contextlib.contextmanager
 def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0,
-                   cores_per_host: int = 0) -> Iterator[Cluster]:
+                   cores_per_host: int = 0, quota_period_us: int = QUOTA_PERIOD_US) -> Iterator[Cluster]:
     """``hosts`` namespace hosts, every link limited to ``rate`` each way (``burst`` bytes of tbf bucket; 0: tc's
-    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none) and pinned to
+    rule of thumb, rate / 100 Hz), each host limited to ``cpu_quota`` cores (0: none) in periods of
+    ``quota_period_us`` and pinned to
     ``cores_per_host`` cores of its own (:class:`CpuSet`; 0: none); all of it removed on the way out."""
     if os.geteuid() != 0:
         raise ConfigError("bench network needs root (network namespaces and tc)")
@@ -188,7 +205,7 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
         try:
             _run(["bash", CLUSTER, "up", state, str(hosts)], "netns_cluster.sh up")
             if cpu_quota:
-                groups.append(CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota))
+                groups.append(CpuQuota(f"hvdtrain-net-{os.getpid()}", hosts, cpu_quota, quota_period_us))
             if cores_per_host:
                 groups.append(CpuSet(f"hvdtrain-net-{os.getpid()}", hosts, cores_per_host))
             cluster = Cluster(state, hosts, *groups)
@@ -196,7 +213,7 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
                       "latency", f"{QUEUE_MS:g}ms"], f"tc on {dev}")
             print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
-                  + (f", each host to {cpu_quota:g} cores" if cpu_quota else "")
+                  + (f", each host to {cpu_quota:g} cores in {quota_period_us / 1000:g} ms periods" if cpu_quota else "")
                   + "".join(f", {g.describe()}" for g in groups if isinstance(g, CpuSet)), flush=True)
             yield cluster
         finally:

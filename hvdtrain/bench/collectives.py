@@ -10,7 +10,7 @@ import time
 from typing import Dict, List, Sequence, Tuple
 
 from . import linkprobe
-from .cluster import Cluster, _launch, shaped_cluster
+from .cluster import QUOTA_PERIOD_US, Cluster, _launch, shaped_cluster
 from .costmodel import rate_bits
 from .prediction import allreduce_link
 from .runner import free_port, run_worker
@@ -69,11 +69,11 @@ def _median_ops(rows: List[Dict[str, float]]) -> Dict[str, float]:
 
 def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
                      cpu_quota: float = 0.0, frontends: Sequence[str] = ("mxnet",), rounds: int = 1,
-                     cores_per_host: int = 0) -> Dict:
+                     cores_per_host: int = 0, quota_period_us: int = QUOTA_PERIOD_US) -> Dict:
     """``--collectives-only``: the same cluster, links and quotas, the collectives alone (a few minutes), through
     each of ``frontends``."""
     elements = gradient_bytes(hidden) // 4
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host, quota_period_us) as cluster:
         link = linkprobe.measure(cluster, rate)
         rows = _collectives_rows(cluster, hosts, hidden, rate, timeout, frontends, rounds, elements)
         # a second size, through the first frontend: what separates the per-message cost from the per-byte ones
@@ -81,6 +81,7 @@ def collectives_only(hosts: Sequence[int], rate: str, hidden: int, timeout: floa
     return {"benchmark": "network collectives", "framework": frontends[0], "frontends_timed": list(frontends),
             "rounds": rounds, "model": f"mnist recipe, --hidden {hidden}",
             "gradient_mb": 4 * elements / 1e6, "rate": rate, "cpu_quota_cores": cpu_quota,
+            "cpu_quota_period_us": quota_period_us if cpu_quota else None,
             "cores_per_host": cores_per_host, **rows, **link,
             "calibration": calibrate({4 * elements: rows, 4 * (elements // 8): small}, rate),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -141,13 +142,14 @@ def gradient_bytes(hidden: int) -> int:
 
 
 def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float = 600, burst: int = 0,
-                    cpu_quota: float = 0.0, rounds: int = 3, cores_per_host: int = 0) -> Dict:
+                    cpu_quota: float = 0.0, rounds: int = 3, cores_per_host: int = 0,
+                    quota_period_us: int = QUOTA_PERIOD_US) -> Dict:
     """``--allreduce-paths``: the step's gradients averaged three ways on the same links and quota
     (:data:`hvdtrain.bench.allreduce_worker.PATHS`: Horovod per gradient, Horovod on one flat tensor, c10d's Gloo on
     it), interleaved in one job per host count; seconds and each rank's CPU by thread role per operation."""
     shapes = ",".join("x".join(str(d) for d in s) for s in gradient_shapes(hidden))
     rows = {}
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host, quota_period_us) as cluster:
         for n in hosts:
             with tempfile.TemporaryDirectory(prefix="hvdtrain-bench-") as out:
                 result = os.path.join(out, "result.json")
@@ -158,7 +160,8 @@ def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float
                                      {"OMP_NUM_THREADS": "1", "HOROVOD_IDLE_WAIT": "1", "HOROVOD_SPIN_WAIT": "0",
                                       "GLOO_SOCKET_IFNAME": "eth0"})
     return {"benchmark": "network allreduce paths", "model": f"mnist recipe, --hidden {hidden}", "rate": rate,
-            "cpu_quota_cores": cpu_quota, "cores_per_host": cores_per_host, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "cpu_quota_cores": cpu_quota, "cpu_quota_period_us": quota_period_us if cpu_quota else None,
+            "cores_per_host": cores_per_host, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _print_paths(result: Dict) -> None:

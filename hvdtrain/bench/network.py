@@ -42,7 +42,7 @@ from ..config import ConfigError
 from .. import timeline
 from . import linkprobe
 from .arms import ARMS, _arm, _single, parse_arms
-from .cluster import QUOTA_PERIOD_US, check_cores_per_host, shaped_cluster
+from .cluster import QUOTA_PERIOD_US, check_cores_per_host, check_quota_period, shaped_cluster
 from .collectives import (FRONTENDS, _collectives_rows, _print_collectives, _print_paths, allreduce_paths,
                           collectives_only, gradient_bytes)
 from .costmodel import rate_bits
@@ -52,13 +52,14 @@ from .runner import check_sizes, compare, write
 
 def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: int, batch_size: int,
             timeout: float = 600, warmup: int = 10, burst: int = 0, cpu_quota: float = 0.0,
-            arms: Sequence[str] = ARMS, journal: str = "", cores_per_host: int = 0, timeline_steps: str = "") -> Dict:
+            arms: Sequence[str] = ARMS, journal: str = "", cores_per_host: int = 0, timeline_steps: str = "",
+            quota_period_us: int = QUOTA_PERIOD_US) -> Dict:
     """The arms at each host count on the shaped hosts, interleaved over ``rounds`` (each sample also appended to
     ``journal`` as it comes), then the step's collectives alone; a failure of the latter is a warning."""
     recipe_args = ["--hidden", str(hidden)]
     arms = tuple(arms)
     own_base = [a for a in arms if a not in ARMS]  # the PyTorch arms: their own run on one host
-    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host) as cluster:
+    with shaped_cluster(max(hosts), rate, burst, cpu_quota, cores_per_host, quota_period_us) as cluster:
         host_cores = cluster.host_cores()
         link = linkprobe.measure(cluster, rate)
         variants = {}
@@ -92,8 +93,8 @@ def network(hosts: Sequence[int], rate: str, hidden: int, rounds: int, steps: in
     return {"benchmark": "network", "framework": "mxnet", "model": f"mnist recipe, --hidden {hidden}", "hidden": hidden,
             "gradient_mb": gradient_mb, "rate": rate, "rate_bits_per_sec": rate_bits(rate),
             "burst_bytes": burst or max(32 * 1024, int(rate_bits(rate) / 8 / 100)), "cpu_quota_cores": cpu_quota,
-            "cpu_quota_period_us": QUOTA_PERIOD_US if cpu_quota else None,
-            "cores_per_host": cores_per_host, "host_cores": host_cores, "emulation": emulation(cpu_quota, cores_per_host),
+            "cpu_quota_period_us": quota_period_us if cpu_quota else None, "cores_per_host": cores_per_host,
+            "host_cores": host_cores, "emulation": emulation(cpu_quota, cores_per_host, quota_period_us),
             "compute_seconds_per_step": batch_size / base,
             "base_arm": arms[0],
             "ideal_seconds_per_step": {  # the bytes each arm's busiest link carries per step, at the rate
@@ -138,10 +139,10 @@ DEFAULT_QUOTA = 0.4
 """``--cpu-quota`` without ``--cores-per-host``: cores per host under a cgroup quota."""
 
 
-def emulation(cpu_quota: float, cores_per_host: int) -> str:
+def emulation(cpu_quota: float, cores_per_host: int, quota_period_us: int = QUOTA_PERIOD_US) -> str:
     """The hosts' CPU in words, as a result and its picture state it."""
     parts = ([f"{cores_per_host} core(s) of its own per host (cpuset)"] if cores_per_host else []) + \
-            ([f"a quota of {cpu_quota:g} cores per host"] if cpu_quota else [])
+            ([f"a quota of {cpu_quota:g} cores per host in {quota_period_us / 1000:g} ms periods"] if cpu_quota else [])
     return ", ".join(parts) or "the machine's cores shared by every host"
 
 
@@ -192,11 +193,13 @@ def run(args) -> int:
     if args.cpu_quota < 0 or args.burst < 0 or args.warmup < 0 or args.cores_per_host < 0:
         raise ConfigError("--cpu-quota, --cores-per-host, --burst and --warmup must be 0 or more")
     check_cores_per_host(args.cores_per_host)  # before any host is built
+    period = int(round(args.quota_period_ms * 1000))
+    check_quota_period(args.cpu_quota, period)
     if args.timeline_steps:
         timeline.parse_window(args.timeline_steps)
     if args.allreduce_paths:
         result = allreduce_paths(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
-                                 rounds=args.rounds, cores_per_host=args.cores_per_host)
+                                 rounds=args.rounds, cores_per_host=args.cores_per_host, quota_period_us=period)
         _print_paths(result)
         write(args.output_dir, "paths", result)
         return 0
@@ -206,7 +209,8 @@ def run(args) -> int:
         if unknown or not frontends:
             raise ConfigError(f"--frontends {args.frontends!r}: choose from {', '.join(FRONTENDS)}")
         result = collectives_only(hosts, args.rate, args.hidden, burst=args.burst, cpu_quota=args.cpu_quota,
-                                  frontends=frontends, rounds=args.rounds, cores_per_host=args.cores_per_host)
+                                  frontends=frontends, rounds=args.rounds, cores_per_host=args.cores_per_host,
+                                  quota_period_us=period)
         _print_collectives(result)
         write(args.output_dir, "collectives", result)
         return 0
@@ -219,7 +223,8 @@ def run(args) -> int:
     print(f"bench: every sample is appended to {journal} as it is measured", flush=True)
     result = network(hosts, args.rate, args.hidden, args.rounds, args.steps, args.batch_size, warmup=args.warmup,
                      burst=args.burst, cpu_quota=args.cpu_quota, arms=arms, journal=journal,
-                     cores_per_host=args.cores_per_host, timeline_steps=args.timeline_steps)
+                     cores_per_host=args.cores_per_host, timeline_steps=args.timeline_steps,
+                     quota_period_us=period)
     if calibration is not None:
         result["prediction"] = predict(result, calibration)
         _print_prediction(result["prediction"])
@@ -252,6 +257,10 @@ def add_parser(sub) -> None:
                    help=f"cores per host (cgroup cpu quota, 0: none; default {DEFAULT_QUOTA:g}, or none with "
                         "--cores-per-host): with all hosts within the machine's cores, the links limit a step, not "
                         "the processors")
+    p.add_argument("--quota-period-ms", type=float, default=QUOTA_PERIOD_US / 1000,
+                   help="the quota's accounting period (default %(default)g; 1 to 1000, with at least 1 ms of quota "
+                        "in it): a host that spent its share of a period waits for the next one, all its threads at "
+                        "once; a shorter period is closer to a slower processor that never stops, a real host's")
     p.add_argument("--cores-per-host", type=int, default=0,
                    help="pin each host to this many cores of its own (a cgroup cpuset; 0: none), as a real host "
                         "owns its cores; with more hosts than cores they share them (add --cpu-quota to split one)")

@@ -326,16 +326,23 @@ def test_network_benchmark_pytorch_arms_ddp_under_torchrun_and_stock_horovod(tmp
                        str(tmp_path)), timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"hvdtrain: error: --cores-per-host {many}: this process may run on {many - 1} core(s) only"], describe(bad)
+    bad = run(hvdtrain("bench", "network", "--hosts", "2", "--cpu-quota", "0.25", "--quota-period-ms", "2",
+                       "--output-dir", str(tmp_path)), timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "hvdtrain: error: --quota-period-ms 2 with --cpu-quota 0.25: the kernel wants at least 1 ms of quota a period; "
+        "give --quota-period-ms 4 or more"], describe(bad)
     result, out = _bench_network(tmp_path, "--hosts", "2", "--rate", "200mbit", "--hidden", "64", "--rounds", "1",
-                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--cores-per-host", "1",
-                                 "--frameworks", "torch,ddp,horovod-torch", "--timeline-steps", "70:74",
-                                 timeout=500)
+                                 "--steps", "3", "--warmup", "1", "--cpu-quota", "0.9", "--quota-period-ms", "2",
+                                 "--cores-per-host", "1", "--frameworks", "torch,ddp,horovod-torch",
+                                 "--timeline-steps", "70:74", timeout=500)
     data = json.loads((out / "network.json").read_text())
     # hosts of a core of their own beside a quota (the issue 60 emulation), said in the output and the result
     cores = sorted(os.sched_getaffinity(0))
     assert data["host_cores"] == [[cores[0]], [cores[1 % len(cores)]]] and data["cpu_quota_cores"] == 0.9, data
-    assert data["emulation"] == "1 core(s) of its own per host (cpuset), a quota of 0.9 cores per host"
-    assert f"each host to 0.9 cores, cores of its own per host (host0 on {cores[0]}, host1 on" in result.stdout
+    assert data["emulation"] == "1 core(s) of its own per host (cpuset), a quota of 0.9 cores per host in 2 ms periods"
+    assert data["cpu_quota_period_us"] == 2000, data
+    assert f"each host to 0.9 cores in 2 ms periods, cores of its own per host (host0 on {cores[0]}, host1 on" in \
+        result.stdout
     arms = ("hvdtrain torch", "ddp", "ddp bucket 1mb", "horovod torch")
     assert tuple(data["arms"]) == arms
     one, two = data["rows"]

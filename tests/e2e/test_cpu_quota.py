@@ -29,6 +29,32 @@ def run_under_quota(cores: float, argv, out: str):
         return result, json.load(f)
 
 
+def test_a_quota_in_short_periods_is_the_same_share_of_the_cpu_and_the_kernel_takes_it():
+    """`bench network --quota-period-ms`: half a core in periods of 2 ms (the shortest the kernel takes for it: 1 ms
+    of quota) is half a core to a process inside, as in the default 10 ms periods; a shorter quota is refused before
+    any cgroup is made, naming the period that would do."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a cgroup")
+    from hvdtrain.bench.cluster import CpuQuota
+    from hvdtrain.config import ConfigError
+    with pytest.raises(ConfigError, match=r"--quota-period-ms 2 with --cpu-quota 0.25: .* --quota-period-ms 4 or more"):
+        CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, 0.25, 2000)
+    try:
+        quota = CpuQuota(f"hvdtrain-test-{os.getpid()}", 1, 0.5, 2000)
+    except (ConfigError, OSError) as e:
+        pytest.skip(f"no cgroup cpu controller here: {e}")
+    try:
+        result = run(["sh", "-c", f'echo $$ > {quota.procs(0)} && exec "$@"', "sh", PY, "-c",
+                      "from hvdtrain.backends.resources import cgroup_cpu_quota; print(round(cgroup_cpu_quota()[0], 3))"],
+                     timeout=60)
+        periods = [open(os.path.join(quota.dirs[0], name)).read().split() for name in
+                   (("cpu.max",) if quota.v2 else ("cpu.cfs_quota_us", "cpu.cfs_period_us"))]
+    finally:
+        quota.remove()
+    assert result.returncode == 0 and result.stdout.split() == ["0.5"], describe(result)
+    assert [word for words in periods for word in words] == ["1000", "2000"], periods
+
+
 @pytest.mark.parametrize("framework", ["torch", "mxnet"])
 def test_a_rank_in_a_one_core_quota_uses_one_thread_and_says_why(framework, tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
