@@ -214,8 +214,8 @@ def run(args) -> int:
         _print_collectives(result)
         write(args.output_dir, "collectives", result)
         return 0
-    calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota,
-                                   args.cores_per_host) if args.predict_from else None
+    calibration = read_calibration(args.predict_from, args.rate, args.cpu_quota, args.cores_per_host,
+                                   period) if args.predict_from else None
     arms = parse_arms(args.frameworks)
     journal = os.path.join(args.output_dir, "network.samples.jsonl")
     if os.path.exists(journal):

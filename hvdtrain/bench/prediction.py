@@ -8,11 +8,14 @@ from typing import Dict, List, Optional
 
 from ..config import ConfigError
 from .arms import ARMS, TORCH_ARM
+from .cluster import QUOTA_PERIOD_US
 from .costmodel import rate_bits
 
-def read_calibration(path: str, rate: str, cpu_quota: float, cores_per_host: int = 0) -> Dict:
-    """The ``calibration`` of a collectives.json, checked to be of the same links and emulation (quota and cores per
-    host: a calibration on hosts that own their cores does not predict hosts under a quota, nor the reverse)."""
+def read_calibration(path: str, rate: str, cpu_quota: float, cores_per_host: int = 0,
+                     quota_period_us: int = QUOTA_PERIOD_US) -> Dict:
+    """The ``calibration`` of a collectives.json, checked to be of the same links and emulation (quota, its period
+    and cores per host: a calibration on hosts that own their cores does not predict hosts under a quota, nor the
+    reverse)."""
     try:
         with open(path) as f:
             data = json.load(f)
@@ -26,6 +29,10 @@ def read_calibration(path: str, rate: str, cpu_quota: float, cores_per_host: int
         raise ConfigError(f"--predict-from {path}: calibrated at {theirs[0]}, {theirs[1]:g} cores per host of quota "
                           f"and {theirs[2]} cores of its own per host, not {rate}, {cpu_quota:g} and "
                           f"{cores_per_host}; calibrate at the same --rate, --cpu-quota and --cores-per-host")
+    period = int(data.get("cpu_quota_period_us") or QUOTA_PERIOD_US)  # files before the flag: the default's
+    if cpu_quota and period != quota_period_us:
+        raise ConfigError(f"--predict-from {path}: calibrated under a quota in {period / 1000:g} ms periods, not "
+                          f"{quota_period_us / 1000:g}; calibrate at the same --quota-period-ms")
     cpu = {int(n): ops["allreduce"] for n, ops in (data.get("collectives_cpu_seconds") or {}).items()}
     return {**data["calibration"], "hosts": sorted(int(n) for n in data["collectives_seconds"]),
             "allreduce_cpu_seconds": cpu, "allreduce_link": allreduce_link(data["calibration"])}

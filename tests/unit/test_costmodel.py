@@ -161,6 +161,11 @@ def test_a_network_run_is_predicted_from_a_calibration_of_other_host_counts(tmp_
     assert read_calibration(str(path), "200mbit", 0.4, cores_per_host=1)["hosts"] == [2, 3, 4]
     with pytest.raises(ConfigError, match="--cores-per-host"):
         read_calibration(str(path), "200mbit", 0.4)
+    # so is a quota in other periods (a file without the period had the default's, 10 ms)
+    with pytest.raises(ConfigError, match="under a quota in 10 ms periods, not 2; calibrate at the same --quota-p"):
+        read_calibration(str(path), "200mbit", 0.4, cores_per_host=1, quota_period_us=2000)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "cpu_quota_period_us": 2000}))
+    assert read_calibration(str(path), "200mbit", 0.4, cores_per_host=1, quota_period_us=2000)["hosts"] == [2, 3, 4]
 
 
 def test_a_network_run_under_a_quota_is_predicted_with_the_hosts_cpu_shared(tmp_path):
