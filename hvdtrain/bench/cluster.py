@@ -83,7 +83,6 @@ class CpuQuota(_HostGroups):
     def __init__(self, name: str, hosts: int, cores: float, period: int = QUOTA_PERIOD_US):
         check_quota_period(cores, period)
         super().__init__(name, hosts, "cpu", "cpu.cfs_quota_us", "--cpu-quota")
-        self.period = period
         for path in self.dirs:
             if self.v2:
                 _write(os.path.join(path, "cpu.max"), f"{int(cores * period)} {period}")
@@ -213,7 +212,8 @@ def shaped_cluster(hosts: int, rate: str, burst: int = 0, cpu_quota: float = 0.0
                 _run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
                       "latency", f"{QUEUE_MS:g}ms"], f"tc on {dev}")
             print(f"bench: {hosts} hosts up, every link limited to {rate} each way (tc tbf, burst {burst} bytes)"
-                  + (f", each host to {cpu_quota:g} cores in {quota_period_us / 1000:g} ms periods" if cpu_quota else "")
+                  + (f", each host to {cpu_quota:g} cores in {quota_period_us / 1000:g} ms periods"
+                     if cpu_quota else "")
                   + "".join(f", {g.describe()}" for g in groups if isinstance(g, CpuSet)), flush=True)
             yield cluster
         finally:

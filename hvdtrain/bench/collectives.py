@@ -161,7 +161,8 @@ def allreduce_paths(hosts: Sequence[int], rate: str, hidden: int, timeout: float
                                       "GLOO_SOCKET_IFNAME": "eth0"})
     return {"benchmark": "network allreduce paths", "model": f"mnist recipe, --hidden {hidden}", "rate": rate,
             "cpu_quota_cores": cpu_quota, "cpu_quota_period_us": quota_period_us if cpu_quota else None,
-            "cores_per_host": cores_per_host, "repeats": rounds, "rows": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "cores_per_host": cores_per_host, "repeats": rounds, "rows": rows,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _print_paths(result: Dict) -> None:

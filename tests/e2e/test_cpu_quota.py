@@ -44,9 +44,8 @@ def test_a_quota_in_short_periods_is_the_same_share_of_the_cpu_and_the_kernel_ta
     except (ConfigError, OSError) as e:
         pytest.skip(f"no cgroup cpu controller here: {e}")
     try:
-        result = run(["sh", "-c", f'echo $$ > {quota.procs(0)} && exec "$@"', "sh", PY, "-c",
-                      "from hvdtrain.backends.resources import cgroup_cpu_quota; print(round(cgroup_cpu_quota()[0], 3))"],
-                     timeout=60)
+        probe = "from hvdtrain.backends.resources import cgroup_cpu_quota; print(round(cgroup_cpu_quota()[0], 3))"
+        result = run(["sh", "-c", f'echo $$ > {quota.procs(0)} && exec "$@"', "sh", PY, "-c", probe], timeout=60)
         periods = [open(os.path.join(quota.dirs[0], name)).read().split() for name in
                    (("cpu.max",) if quota.v2 else ("cpu.cfs_quota_us", "cpu.cfs_period_us"))]
     finally:
